@@ -1,0 +1,152 @@
+package replication
+
+import (
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+)
+
+// A Raft log entry of a shard group is one command. The first byte says which:
+//
+//	push batch: cmdPush | leader time i64 (unix ns) | count uvarint | count × push
+//	push:       client u64 | seq u64 | keys u32 | keys × u64 | keys × dim × f32
+//
+// all little-endian. Keys and gradients are copied in and out as whole byte
+// runs, never converted element by element. The leader time is the leader's
+// wall clock when it built the entry; replicas use it, never their own
+// clocks, so everything derived from it (dedupe expiry) is the same on all.
+//
+// A new leader appends a noop command (just the type byte) rather than using
+// raft's Barrier: raft applies its own LogNoop and LogBarrier entries without
+// showing them to the FSM, so a read waiting for the FSM to reach the commit
+// index would wait for ever if that index were one of them.
+const (
+	cmdPush byte = 1
+	cmdNoop byte = 2
+)
+
+// Push is one client's push to one shard: rows of gradients for keys.
+type Push struct {
+	Client uint64
+	Seq    uint64
+	Keys   []uint64
+	Grads  []float32 // len(Keys) × dim
+}
+
+func (p *Push) encodedSize() int { return 8 + 8 + 4 + len(p.Keys)*8 + len(p.Grads)*4 }
+
+// appendPushBatchHeader starts a push batch of count pushes; appendPush
+// then adds each.
+func appendPushBatchHeader(b []byte, leaderTime int64, count int) []byte {
+	b = append(b, cmdPush)
+	b = binary.LittleEndian.AppendUint64(b, uint64(leaderTime))
+	return binary.AppendUvarint(b, uint64(count))
+}
+
+// pushBatchHeaderMax is the most bytes appendPushBatchHeader writes.
+const pushBatchHeaderMax = 1 + 8 + binary.MaxVarintLen64
+
+func appendPush(b []byte, p *Push) []byte {
+	b = binary.LittleEndian.AppendUint64(b, p.Client)
+	b = binary.LittleEndian.AppendUint64(b, p.Seq)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(p.Keys)))
+	b = append(b, u64Bytes(p.Keys)...)
+	return append(b, f32Bytes(p.Grads)...)
+}
+
+// encodePushBatch returns the command for pushes.
+func encodePushBatch(leaderTime int64, pushes []*Push) []byte {
+	b := appendPushBatchHeader(nil, leaderTime, len(pushes))
+	for _, p := range pushes {
+		b = appendPush(b, p)
+	}
+	return b
+}
+
+// pushBatchReader walks a push batch command without allocating: each Push
+// it yields reuses the reader's buffers and is valid until the next call.
+type pushBatchReader struct {
+	dim        int
+	leaderTime int64
+	left       uint64
+	rest       []byte
+	cur        Push
+}
+
+func (r *pushBatchReader) reset(cmd []byte, dim int) error {
+	if len(cmd) < 9 || cmd[0] != cmdPush {
+		return fmt.Errorf("push batch: bad header")
+	}
+	r.dim = dim
+	r.leaderTime = int64(binary.LittleEndian.Uint64(cmd[1:]))
+	n, k := binary.Uvarint(cmd[9:])
+	if k <= 0 {
+		return fmt.Errorf("push batch: bad count")
+	}
+	r.left, r.rest = n, cmd[9+k:]
+	return nil
+}
+
+// next returns the next push, or nil at the end.
+func (r *pushBatchReader) next() (*Push, error) {
+	if r.left == 0 {
+		if len(r.rest) != 0 {
+			return nil, fmt.Errorf("push batch: %d bytes after the last push", len(r.rest))
+		}
+		return nil, nil
+	}
+	if len(r.rest) < 20 {
+		return nil, fmt.Errorf("push batch: truncated push header")
+	}
+	p := &r.cur
+	p.Client = binary.LittleEndian.Uint64(r.rest)
+	p.Seq = binary.LittleEndian.Uint64(r.rest[8:])
+	n := int(binary.LittleEndian.Uint32(r.rest[16:]))
+	need := 20 + n*8 + n*r.dim*4
+	if n < 0 || need < 0 || len(r.rest) < need {
+		return nil, fmt.Errorf("push batch: push of %d keys truncated", n)
+	}
+	p.Keys = growU64(p.Keys, n)
+	p.Grads = growF32(p.Grads, n*r.dim)
+	copy(u64Bytes(p.Keys), r.rest[20:20+n*8])
+	copy(f32Bytes(p.Grads), r.rest[20+n*8:need])
+	r.rest = r.rest[need:]
+	r.left--
+	return p, nil
+}
+
+func growU64(b []uint64, n int) []uint64 {
+	if cap(b) < n {
+		return make([]uint64, n)
+	}
+	return b[:n]
+}
+
+func growF32(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// u64Bytes and f32Bytes view a slice's memory as bytes. The wire format is
+// little-endian; so is every platform raftps builds for (checked in init).
+func u64Bytes(v []uint64) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*8)
+}
+
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*4)
+}
+
+func init() {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		panic("raftps replication: big-endian platforms are not supported (the wire format is copied as memory)")
+	}
+}

@@ -1,0 +1,610 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/raftps/raftps/store"
+)
+
+// RaftConfig configures one replica of any Raft group this package opens:
+// a shard group (Group) or another FSM (OpenRaft). Zero durations and sizes
+// get the defaults of DefaultRaftConfig.
+type RaftConfig struct {
+	// ID names the group on every node, e.g. "users/3". It is the transport's
+	// group ID.
+	ID string
+	// NodeID is this node's Raft server ID.
+	NodeID raft.ServerID
+	// Dir holds this replica's Raft log (raft.db) and snapshots; created if missing.
+	Dir string
+	// Transport carries this group's Raft traffic.
+	Transport raft.Transport
+	// Peers is the initial membership, used only when Dir holds no Raft state
+	// yet. Every replica of a new group is given the same list.
+	Peers []raft.Server
+
+	// Raft timing. A follower starts an election after a random time in
+	// [HeartbeatTimeout, 2×HeartbeatTimeout] without hearing from the leader,
+	// so HeartbeatTimeout bounds how long a dead leader blocks writes.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+
+	// Snapshots: taken every SnapshotInterval when SnapshotThreshold entries
+	// have accumulated; TrailingLogs entries stay after one for slow followers.
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+
+	// NoSync skips fsync of the Raft log. Unsafe: only for benchmarks that
+	// want to see what the disk costs.
+	NoSync bool
+
+	Logger hclog.Logger
+}
+
+// DefaultRaftConfig returns the defaults, tuned for a LAN: a leader that dies
+// is replaced in well under a second.
+func DefaultRaftConfig() RaftConfig {
+	return RaftConfig{
+		HeartbeatTimeout:   200 * time.Millisecond,
+		ElectionTimeout:    200 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond,
+		SnapshotThreshold:  4096,
+		SnapshotInterval:   30 * time.Second,
+		TrailingLogs:       1024,
+	}
+}
+
+func (c RaftConfig) withDefaults() RaftConfig {
+	d := DefaultRaftConfig()
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	setDur(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	setDur(&c.ElectionTimeout, d.ElectionTimeout)
+	setDur(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	setDur(&c.CommitTimeout, d.CommitTimeout)
+	setDur(&c.SnapshotInterval, d.SnapshotInterval)
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = d.SnapshotThreshold
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = d.TrailingLogs
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c
+}
+
+func (c RaftConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("group %q: invalid config: %s", c.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.ID == "":
+		return bad("ID is empty")
+	case c.NodeID == "":
+		return bad("NodeID is empty")
+	case c.Dir == "":
+		return bad("Dir is empty")
+	case c.Transport == nil:
+		return bad("Transport is nil")
+	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return bad("LeaderLeaseTimeout (%s) is longer than HeartbeatTimeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	case c.ElectionTimeout < c.HeartbeatTimeout:
+		return bad("ElectionTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.ElectionTimeout, c.HeartbeatTimeout)
+	}
+	return nil
+}
+
+// RaftReplica is a running Raft instance with its durable stores.
+type RaftReplica struct {
+	Raft  *raft.Raft
+	logs  *raftboltdb.BoltStore
+	snaps *raft.FileSnapshotStore
+}
+
+// OpenRaft starts a replica of a Raft group with fsm. If cfg.Dir holds Raft
+// state the replica resumes from it (restoring the latest snapshot and
+// replaying the log); otherwise, if cfg.Peers is set, it bootstraps the group.
+func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
+	}
+	logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db"), NoSync: cfg.NoSync})
+	if err != nil {
+		return nil, fmt.Errorf("group %s: opening raft log: %w", cfg.ID, err)
+	}
+	fail := func(err error) (*RaftReplica, error) {
+		logs.Close()
+		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, cfg.Logger.Named("snapshots"))
+	if err != nil {
+		return fail(fmt.Errorf("opening snapshot store: %w", err))
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = cfg.NodeID
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	// Not BatchApplyCh: with it, Apply queues into a buffered channel, and a
+	// future still queued when raft shuts down is never answered (Close would
+	// wait for ever). The leader loop group-commits whatever is waiting on the
+	// unbuffered channel anyway, and the batcher coalesces pushes before that.
+	rc.BatchApplyCh = false
+	// A full AppendEntries of maximum-size shard entries must fit in one
+	// transport message: 16 × 8 MiB < MaxRaftMessageBytes.
+	rc.MaxAppendEntries = 16
+	rc.Logger = cfg.Logger.Named("raft")
+	if err := raft.ValidateConfig(rc); err != nil {
+		return fail(err)
+	}
+	existing, err := raft.HasExistingState(logs, logs, snaps)
+	if err != nil {
+		return fail(fmt.Errorf("reading raft state: %w", err))
+	}
+	r, err := raft.NewRaft(rc, fsm, logs, logs, snaps, cfg.Transport)
+	if err != nil {
+		return fail(fmt.Errorf("starting raft: %w", err))
+	}
+	if !existing && len(cfg.Peers) > 0 {
+		if err := r.BootstrapCluster(raft.Configuration{Servers: cfg.Peers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			r.Shutdown()
+			return fail(fmt.Errorf("bootstrap: %w", err))
+		}
+	}
+	return &RaftReplica{Raft: r, logs: logs, snaps: snaps}, nil
+}
+
+// FirstLogIndex returns the first index in the log (it grows as snapshots
+// compact the log).
+func (r *RaftReplica) FirstLogIndex() (uint64, error) { return r.logs.FirstIndex() }
+
+// Close shuts Raft down and closes the log.
+func (r *RaftReplica) Close() error {
+	err := r.Raft.Shutdown().Error()
+	if cerr := r.logs.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// GroupConfig configures one replica of one shard group. Zero fields get the
+// defaults of DefaultRaftConfig and DefaultGroupConfig.
+type GroupConfig struct {
+	RaftConfig
+	// Table is the shard's table config; every replica must have the same.
+	Table store.TableConfig
+	// MaxEntryBytes caps one log entry (a batch of pushes); a single push
+	// larger than this is rejected. MaxInflight entries may be uncommitted at
+	// once; pushes arriving meanwhile form the next entry.
+	MaxEntryBytes int
+	MaxInflight   int
+	// ApplyTimeout bounds how long a push waits to be enqueued into Raft.
+	ApplyTimeout time.Duration
+	// DedupeTTL: see DefaultDedupeTTL.
+	DedupeTTL time.Duration
+}
+
+// DefaultGroupConfig returns the defaults of the shard-specific settings.
+func DefaultGroupConfig() GroupConfig {
+	return GroupConfig{
+		RaftConfig:    DefaultRaftConfig(),
+		MaxEntryBytes: 8 << 20,
+		MaxInflight:   4,
+		ApplyTimeout:  5 * time.Second,
+		DedupeTTL:     DefaultDedupeTTL,
+	}
+}
+
+func (c GroupConfig) withDefaults() GroupConfig {
+	d := DefaultGroupConfig()
+	c.RaftConfig = c.RaftConfig.withDefaults()
+	if c.ApplyTimeout == 0 {
+		c.ApplyTimeout = d.ApplyTimeout
+	}
+	if c.DedupeTTL == 0 {
+		c.DedupeTTL = d.DedupeTTL
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = d.MaxEntryBytes
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = d.MaxInflight
+	}
+	return c
+}
+
+func (c GroupConfig) validate() error {
+	if err := c.RaftConfig.validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.MaxEntryBytes < 1024:
+		return fmt.Errorf("group %q: invalid config: MaxEntryBytes = %d (want at least 1024)", c.ID, c.MaxEntryBytes)
+	case c.MaxInflight < 1:
+		return fmt.Errorf("group %q: invalid config: MaxInflight = %d (want at least 1)", c.ID, c.MaxInflight)
+	}
+	return c.Table.Validate()
+}
+
+// Group is one replica of one shard: a Raft instance whose FSM is the
+// shard's store.Table.
+//
+// Concurrency: Push, Pull and the accessors are safe for concurrent use.
+// Pushes are funnelled to one batcher goroutine; linearizable reads to one
+// verifier goroutine. Close stops both and Raft.
+type Group struct {
+	cfg     GroupConfig
+	replica *RaftReplica
+	raft    *raft.Raft
+	fsm     *fsm
+
+	pushCh   chan *pending
+	inflight chan struct{} // a token per uncommitted entry
+
+	// readyTerm is the term in which this replica, as leader, has applied
+	// everything committed before its term (a Barrier completed); 0 if none.
+	readyTerm atomic.Uint64
+
+	verifyMu   sync.Mutex
+	verifyWait []chan error // reads waiting for the next leadership check
+	verifyKick chan struct{}
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	wg        sync.WaitGroup
+}
+
+// pending is a push waiting to be logged: its encoding, and where to answer.
+type pending struct {
+	enc  []byte
+	done chan pushOutcome
+}
+
+// OpenGroup starts a replica. If Dir holds Raft state the replica resumes
+// from it (restoring the latest snapshot and replaying the log); otherwise, if
+// Peers is set, it bootstraps a new group with them.
+func OpenGroup(cfg GroupConfig) (*Group, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	f, err := newFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
+	}
+	rep, err := OpenRaft(cfg.RaftConfig, f)
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{
+		cfg: cfg, replica: rep, raft: rep.Raft, fsm: f,
+		pushCh:     make(chan *pending, 4096),
+		inflight:   make(chan struct{}, cfg.MaxInflight),
+		verifyKick: make(chan struct{}, 1),
+		closed:     make(chan struct{}),
+	}
+	g.wg.Add(3)
+	go g.watchLeadership()
+	go g.batchLoop()
+	go g.verifyLoop()
+	return g, nil
+}
+
+// ID returns the group's ID.
+func (g *Group) ID() string { return g.cfg.ID }
+
+// Raft returns the group's Raft instance, for membership changes and status.
+func (g *Group) Raft() *raft.Raft { return g.raft }
+
+// Replica returns the group's Raft instance with its stores.
+func (g *Group) Replica() *RaftReplica { return g.replica }
+
+// Table returns the table the replica currently serves (it changes when a
+// snapshot is restored).
+func (g *Group) Table() *store.Table { return g.fsm.table.Load() }
+
+// AppliedIndex returns the index of the last log entry applied to the table.
+func (g *Group) AppliedIndex() uint64 { return g.fsm.appliedIx.Load() }
+
+// IsLeader reports whether this replica is the leader.
+func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
+
+// Close shuts the replica down; pending pushes fail with ErrGroupClosed.
+func (g *Group) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.closed)
+		err = g.raft.Shutdown().Error()
+		g.wg.Wait()
+		if cerr := g.replica.Close(); err == nil {
+			err = cerr
+		}
+		// Fail what the batcher never took.
+		for {
+			select {
+			case p := <-g.pushCh:
+				p.done <- pushOutcome{err: g.closedErr()}
+			default:
+				return
+			}
+		}
+	})
+	return err
+}
+
+func (g *Group) closedErr() error { return fmt.Errorf("group %s: %w", g.cfg.ID, ErrGroupClosed) }
+
+func (g *Group) notLeader() error {
+	addr, id := g.raft.LeaderWithID()
+	return &NotLeaderError{Group: g.cfg.ID, LeaderID: id, LeaderAddr: addr}
+}
+
+// watchLeadership marks the replica ready for linearizable reads once, as
+// leader, it has applied everything committed before its term: a new leader's
+// commit index may lag until an entry of its own term commits. The entry is
+// our noop command, not a raft Barrier, so that the FSM sees its index (see
+// cmdNoop); the group issues no Barriers, so every later entry is seen too.
+func (g *Group) watchLeadership() {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.closed:
+			return
+		case leader := <-g.raft.LeaderCh():
+			g.readyTerm.Store(0)
+			if !leader {
+				continue
+			}
+			term := g.raft.CurrentTerm()
+			if err := g.raft.Apply([]byte{cmdNoop}, g.cfg.ApplyTimeout).Error(); err != nil {
+				g.cfg.Logger.Warn("noop after election failed", "group", g.cfg.ID, "error", err)
+				continue
+			}
+			// Ready only if still leader in the same term; a later term gets
+			// its own notification and barrier.
+			if g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
+				g.readyTerm.Store(term)
+			}
+		}
+	}
+}
+
+// Push applies p through the group's log and returns once it is applied on
+// the leader (and committed on a majority). duplicate is true if this
+// (client, seq) had been applied before; the push is then not applied again.
+//
+// The caller's slices are copied before Push returns. On ErrNotLeader the
+// push was not logged; on ErrUnknownOutcome (or a context error) it may have
+// been: retry with the same (client, seq) either way.
+func (g *Group) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
+	if p.Client == 0 || p.Seq == 0 {
+		return false, fmt.Errorf("group %s: %w: client ID and seq must be non-zero", g.cfg.ID, ErrBadRequest)
+	}
+	if len(p.Keys) == 0 {
+		return false, fmt.Errorf("group %s: %w: push with no keys", g.cfg.ID, ErrBadRequest)
+	}
+	if err := g.Table().Check(p.Keys, p.Grads); err != nil {
+		return false, fmt.Errorf("group %s: %w", g.cfg.ID, err)
+	}
+	if size := p.encodedSize() + pushBatchHeaderMax; size > g.cfg.MaxEntryBytes {
+		return false, fmt.Errorf("group %s: %w: push of %d keys is %d bytes, more than a log entry holds (%d)", g.cfg.ID, ErrBadRequest, len(p.Keys), size, g.cfg.MaxEntryBytes)
+	}
+	if g.raft.State() != raft.Leader {
+		return false, g.notLeader()
+	}
+	pd := &pending{enc: appendPush(make([]byte, 0, p.encodedSize()), p), done: make(chan pushOutcome, 1)}
+	select {
+	case g.pushCh <- pd:
+	case <-ctx.Done():
+		return false, fmt.Errorf("group %s: push not sent: %w", g.cfg.ID, ctx.Err())
+	case <-g.closed:
+		return false, g.closedErr()
+	}
+	select {
+	case o := <-pd.done:
+		return o.duplicate, o.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, ctx.Err())
+	case <-g.closed:
+		return false, fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, ErrGroupClosed)
+	}
+}
+
+// batchLoop turns queued pushes into log entries: group commit. It waits for
+// a free in-flight slot before draining the queue, so while Raft is busy the
+// pushes that arrive wait together and go out as one entry.
+func (g *Group) batchLoop() {
+	defer g.wg.Done()
+	var carry *pending
+	for {
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-g.pushCh:
+			case <-g.closed:
+				return
+			}
+		}
+		select {
+		case g.inflight <- struct{}{}:
+		case <-g.closed:
+			first.done <- pushOutcome{err: g.closedErr()}
+			return
+		}
+		batch := []*pending{first}
+		size := len(first.enc)
+	drain:
+		for size < g.cfg.MaxEntryBytes {
+			select {
+			case p := <-g.pushCh:
+				if size+len(p.enc) > g.cfg.MaxEntryBytes-pushBatchHeaderMax {
+					carry = p
+					break drain
+				}
+				batch = append(batch, p)
+				size += len(p.enc)
+			default:
+				break drain
+			}
+		}
+		cmd := appendPushBatchHeader(make([]byte, 0, size+pushBatchHeaderMax), time.Now().UnixNano(), len(batch))
+		for _, p := range batch {
+			cmd = append(cmd, p.enc...)
+		}
+		future := g.raft.Apply(cmd, g.cfg.ApplyTimeout)
+		g.wg.Add(1)
+		go g.complete(future, batch)
+	}
+}
+
+// complete hands each push of a logged batch its outcome.
+func (g *Group) complete(f raft.ApplyFuture, batch []*pending) {
+	defer g.wg.Done()
+	defer func() { <-g.inflight }()
+	fail := func(err error) {
+		for _, p := range batch {
+			p.done <- pushOutcome{err: err}
+		}
+	}
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) { // refused before it was logged
+			fail(g.notLeader())
+		} else {
+			fail(fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, err))
+		}
+		return
+	}
+	res, ok := f.Response().(*batchResult)
+	if !ok {
+		fail(fmt.Errorf("group %s: log entry answered %T", g.cfg.ID, f.Response()))
+		return
+	}
+	for i, p := range batch {
+		switch {
+		case i < len(res.outcomes):
+			p.done <- res.outcomes[i]
+		case res.err != nil:
+			p.done <- pushOutcome{err: res.err}
+		default:
+			p.done <- pushOutcome{err: fmt.Errorf("group %s: no outcome for push %d of the entry", g.cfg.ID, i)}
+		}
+	}
+}
+
+// Pull copies the rows of keys into out (len(keys) × dim values). With
+// linearizable, the leader answers only after confirming it is still leader
+// and that it has applied every entry committed before the call (the read
+// index); otherwise the replica answers from what it has applied.
+//
+// Why the read index is correct without a ReadIndex API in hashicorp/raft:
+// (1) readyTerm shows this leader has applied an entry of its own term, so its
+// commit index is at least that of any earlier leader; (2) the commit index is
+// read before the leadership check; (3) the check (VerifyLeader, a heartbeat
+// round answered by a majority) starts after that read, so at some moment
+// after the read began this node was still the only leader, and no write
+// acknowledged before the read began can be above that commit index;
+// (4) waiting until the FSM has applied that index makes every such write
+// visible.
+func (g *Group) Pull(ctx context.Context, keys []uint64, out []float32, linearizable bool) error {
+	if linearizable {
+		if err := g.readIndex(ctx); err != nil {
+			return err
+		}
+	}
+	if err := g.Table().Lookup(keys, out); err != nil {
+		return fmt.Errorf("group %s: %w", g.cfg.ID, err)
+	}
+	return nil
+}
+
+func (g *Group) readIndex(ctx context.Context) error {
+	if g.raft.State() != raft.Leader {
+		return g.notLeader()
+	}
+	if term := g.readyTerm.Load(); term == 0 || term != g.raft.CurrentTerm() {
+		return fmt.Errorf("group %s: %w: still applying the log of earlier terms", g.cfg.ID, ErrLeaderNotReady)
+	}
+	ix := g.raft.CommitIndex()
+	ch := make(chan error, 1)
+	g.verifyMu.Lock()
+	g.verifyWait = append(g.verifyWait, ch)
+	g.verifyMu.Unlock()
+	select {
+	case g.verifyKick <- struct{}{}:
+	default:
+	}
+	select {
+	case err := <-ch:
+		if err != nil {
+			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+				return g.notLeader()
+			}
+			return fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, err)
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, ctx.Err())
+	case <-g.closed:
+		return g.closedErr()
+	}
+	return g.fsm.waitApplied(ctx, ix)
+}
+
+// verifyLoop runs one leadership check for every read that queued before the
+// check started; reads that queue during a check wait for the next one. So a
+// burst of reads costs one heartbeat round, and every read's check starts
+// after it took its read index.
+func (g *Group) verifyLoop() {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.verifyKick:
+		case <-g.closed:
+			g.verifyMu.Lock()
+			for _, ch := range g.verifyWait {
+				ch <- g.closedErr()
+			}
+			g.verifyWait = nil
+			g.verifyMu.Unlock()
+			return
+		}
+		g.verifyMu.Lock()
+		waiting := g.verifyWait
+		g.verifyWait = nil
+		g.verifyMu.Unlock()
+		if len(waiting) == 0 {
+			continue
+		}
+		err := g.raft.VerifyLeader().Error()
+		for _, ch := range waiting {
+			ch <- err
+		}
+	}
+}

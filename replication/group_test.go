@@ -1,0 +1,460 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/store"
+)
+
+// groupCluster runs n replicas of one group in this process with real
+// raft-boltdb logs in temp dirs, over raft's in-memory transport (the gRPC
+// transport has its own tests; this file tests the group's logic).
+type groupCluster struct {
+	t     *testing.T
+	cfg   GroupConfig
+	ids   []raft.ServerID
+	dirs  []string
+	trans []*raft.InmemTransport
+
+	mu     sync.Mutex // guards groups: clients read it while tests stop and start replicas
+	groups []*Group   // nil while a replica is down
+}
+
+// live returns the replicas, nil for those down.
+func (c *groupCluster) live() []*Group {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Group(nil), c.groups...)
+}
+
+func fastConfig(table store.TableConfig) GroupConfig {
+	return GroupConfig{
+		RaftConfig: RaftConfig{
+			ID: "t/0", HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 2 * time.Millisecond,
+		},
+		Table: table,
+	}
+}
+
+func newGroupCluster(t *testing.T, n int, cfg GroupConfig) *groupCluster {
+	c := &groupCluster{t: t, cfg: cfg}
+	var peers []raft.Server
+	for i := range n {
+		id := raft.ServerID(fmt.Sprintf("n%d", i+1))
+		c.ids = append(c.ids, id)
+		c.dirs = append(c.dirs, filepath.Join(t.TempDir(), string(id)))
+		peers = append(peers, raft.Server{ID: id, Address: raft.ServerAddress(id)})
+	}
+	c.trans = make([]*raft.InmemTransport, n)
+	c.groups = make([]*Group, n)
+	for i := range n {
+		c.start(i, peers)
+	}
+	t.Cleanup(func() {
+		for i := range c.groups {
+			c.stop(i)
+		}
+	})
+	return c
+}
+
+func (c *groupCluster) start(i int, peers []raft.Server) {
+	_, tr := raft.NewInmemTransport(raft.ServerAddress(c.ids[i]))
+	c.trans[i] = tr
+	for j, o := range c.trans {
+		if j != i && o != nil && c.groups[j] != nil {
+			tr.Connect(o.LocalAddr(), o)
+			o.Connect(tr.LocalAddr(), tr)
+		}
+	}
+	cfg := c.cfg
+	cfg.NodeID, cfg.Dir, cfg.Transport, cfg.Peers = c.ids[i], c.dirs[i], tr, peers
+	g, err := OpenGroup(cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.groups[i] = g
+	c.mu.Unlock()
+}
+
+func (c *groupCluster) stop(i int) {
+	c.mu.Lock()
+	g := c.groups[i]
+	c.groups[i] = nil
+	c.mu.Unlock()
+	if g == nil {
+		return
+	}
+	for j, o := range c.trans {
+		if j != i && o != nil {
+			o.Disconnect(c.trans[i].LocalAddr())
+		}
+	}
+	if err := g.Close(); err != nil {
+		c.t.Logf("closing %s: %v", c.ids[i], err)
+	}
+}
+
+func (c *groupCluster) leader(timeout time.Duration) int {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for i, g := range c.live() {
+			if g != nil && g.IsLeader() && g.readyTerm.Load() != 0 {
+				return i
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.t.Fatalf("no ready leader within %s", timeout)
+	return -1
+}
+
+// push sends p to whichever replica leads, retrying the same (client, seq)
+// through leader changes and unknown outcomes, until it is acknowledged.
+func (c *groupCluster) push(ctx context.Context, p *Push) error {
+	for {
+		var last error
+		for _, g := range c.live() {
+			if g == nil || !g.IsLeader() {
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := g.Push(cctx, p)
+			cancel()
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrGroupClosed) && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("push %d/%d never acknowledged (last error %v): %w", p.Client, p.Seq, last, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitConverged waits until every live replica has applied the same index,
+// then checks their tables are bit-identical.
+func (c *groupCluster) waitConverged(timeout time.Duration) uint64 {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var ix []uint64
+		for _, g := range c.live() {
+			if g != nil {
+				ix = append(ix, g.AppliedIndex())
+			}
+		}
+		same := true
+		for _, x := range ix {
+			same = same && x == ix[0]
+		}
+		if same && ix[0] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replicas did not converge: applied %v", ix)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var sum uint64
+	for i, g := range c.live() {
+		if g == nil {
+			continue
+		}
+		s := g.Table().Checksum()
+		if sum == 0 {
+			sum = s
+		} else if s != sum {
+			c.t.Fatalf("replica %s checksum %x differs from %x", c.ids[i], s, sum)
+		}
+	}
+	return sum
+}
+
+// workload: clients push small integer gradients (SGD, lr 1) to keys of a
+// small space, so every row is an exact sum and any lost or doubled push shows.
+type workload struct {
+	dim      int
+	mu       sync.Mutex
+	expected map[uint64][]float32 // key -> -(sum of acknowledged gradients)
+	acked    int
+}
+
+func newWorkload(dim int) *workload { return &workload{dim: dim, expected: map[uint64][]float32{}} }
+
+func (w *workload) makePush(rng *rand.Rand, client, seq uint64) *Push {
+	n := 1 + rng.IntN(8)
+	p := &Push{Client: client, Seq: seq, Keys: make([]uint64, n), Grads: make([]float32, n*w.dim)}
+	for i := range p.Keys {
+		p.Keys[i] = uint64(rng.IntN(40))
+	}
+	for i := range p.Grads {
+		p.Grads[i] = float32(rng.IntN(7) - 3)
+	}
+	return p
+}
+
+func (w *workload) acknowledge(p *Push) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.acked++
+	for i, k := range p.Keys {
+		row := w.expected[k]
+		if row == nil {
+			row = make([]float32, w.dim)
+			w.expected[k] = row
+		}
+		for c := range row {
+			row[c] -= p.Grads[i*w.dim+c]
+		}
+	}
+}
+
+func (w *workload) check(t *testing.T, tab *store.Table) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]float32, w.dim)
+	for k, want := range w.expected {
+		if err := tab.Lookup([]uint64{k}, out); err != nil {
+			t.Fatal(err)
+		}
+		for c := range want {
+			if out[c] != want[c] {
+				t.Fatalf("key %d column %d = %v, acknowledged pushes sum to %v (lost or doubled push)", k, c, out[c], want[c])
+			}
+		}
+	}
+}
+
+// run starts clients that each push perClient pushes; it returns when all are
+// acknowledged.
+func (w *workload) run(t *testing.T, c *groupCluster, clients, perClient int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for cl := range clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(cl), 99))
+			for s := 1; s <= perClient; s++ {
+				p := w.makePush(rng, uint64(cl+1), uint64(s))
+				if err := c.push(ctx, p); err != nil {
+					errs <- err
+					return
+				}
+				w.acknowledge(p)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupReplicatesAndReadsLinearizably(t *testing.T) {
+	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 4)))
+	c.leader(5 * time.Second)
+	w := newWorkload(4)
+	w.run(t, c, 4, 100)
+	// A linearizable pull on the leader sees every acknowledged push at once.
+	l := c.groups[c.leader(time.Second)]
+	keys := make([]uint64, 0, len(w.expected))
+	for k := range w.expected {
+		keys = append(keys, k)
+	}
+	out := make([]float32, len(keys)*4)
+	if err := l.Pull(context.Background(), keys, out, true); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		for col := range 4 {
+			if out[i*4+col] != w.expected[k][col] {
+				t.Fatalf("linearizable pull of key %d = %v, want %v", k, out[i*4:i*4+4], w.expected[k])
+			}
+		}
+	}
+	c.waitConverged(5 * time.Second)
+	for _, g := range c.groups {
+		w.check(t, g.Table())
+	}
+	// Followers refuse linearizable reads and pushes, naming the leader.
+	f := c.groups[(c.leader(time.Second)+1)%3]
+	var nl *NotLeaderError
+	if err := f.Pull(context.Background(), keys, out, true); !errors.As(err, &nl) || nl.LeaderAddr == "" {
+		t.Fatalf("linearizable pull on a follower: %v", err)
+	}
+	if _, err := f.Push(context.Background(), &Push{Client: 1, Seq: 1000, Keys: []uint64{1}, Grads: make([]float32, 4)}); !errors.As(err, &nl) {
+		t.Fatalf("push to a follower: %v", err)
+	}
+	// Eventual reads on a follower answer from what it has.
+	if err := f.Pull(context.Background(), keys, out, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupRejectsBadPushes(t *testing.T) {
+	cfg := fastConfig(sgdTable("t", 2))
+	cfg.MaxEntryBytes = 4096
+	c := newGroupCluster(t, 3, cfg)
+	g := c.groups[c.leader(5*time.Second)]
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		p    *Push
+		want error
+	}{
+		{"zero client", &Push{Client: 0, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}, ErrBadRequest},
+		{"zero seq", &Push{Client: 1, Seq: 0, Keys: []uint64{1}, Grads: []float32{1, 1}}, ErrBadRequest},
+		{"empty", &Push{Client: 1, Seq: 1}, ErrBadRequest},
+		{"wrong dim", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1, 1}}, store.ErrDimMismatch},
+		{"nan", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, float32(math.NaN())}}, store.ErrNonFinite},
+		{"inf", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{float32(math.Inf(-1)), 1}}, store.ErrNonFinite},
+		{"oversized", &Push{Client: 1, Seq: 1, Keys: make([]uint64, 400), Grads: make([]float32, 800)}, ErrBadRequest},
+	} {
+		if _, err := g.Push(ctx, tc.p); !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if n := g.Table().Len(); n != 0 {
+		t.Fatalf("rejected pushes created %d rows", n)
+	}
+	// Seq 1 was never applied, so it is still usable.
+	if dup, err := g.Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil || dup {
+		t.Fatalf("good push after rejections: dup=%v err=%v", dup, err)
+	}
+}
+
+// TestGroupLeaderKill kills the leader while clients push, then restarts it:
+// no acknowledged push is lost, none applied twice (rows are exact sums), the
+// restarted replica catches up from its data dir, and all replicas agree.
+func TestGroupLeaderKill(t *testing.T) {
+	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 3)))
+	c.leader(5 * time.Second)
+	w := newWorkload(3)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.run(t, c, 4, 150)
+	}()
+	// Kill the leader once some pushes are through.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w.mu.Lock()
+		n := w.acked
+		w.mu.Unlock()
+		if n >= 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("workload made no progress")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	killed := c.leader(time.Second)
+	killedAt := time.Now()
+	c.stop(killed)
+	next := c.leader(5 * time.Second)
+	t.Logf("killed %s; %s ready as leader after %s", c.ids[killed], c.ids[next], time.Since(killedAt).Round(time.Millisecond))
+	<-done
+	if t.Failed() {
+		return
+	}
+	c.waitConverged(5 * time.Second)
+	for _, g := range c.groups {
+		if g != nil {
+			w.check(t, g.Table())
+		}
+	}
+	// Restart from the data dir: it replays, catches up and agrees.
+	c.start(killed, nil)
+	c.waitConverged(10 * time.Second)
+	w.check(t, c.groups[killed].Table())
+}
+
+// TestGroupSnapshotCatchUp: a follower that was down while the log was
+// compacted past its position catches up by snapshot install, and dedupe
+// state comes with the snapshot.
+func TestGroupSnapshotCatchUp(t *testing.T) {
+	cfg := fastConfig(sgdTable("t", 8))
+	cfg.SnapshotThreshold, cfg.TrailingLogs, cfg.SnapshotInterval = 16, 4, 20*time.Millisecond
+	c := newGroupCluster(t, 3, cfg)
+	lead := c.leader(5 * time.Second)
+	down := (lead + 1) % 3
+	c.stop(down)
+	w := newWorkload(8)
+	w.run(t, c, 2, 200)
+	l := c.groups[c.leader(time.Second)]
+	if err := l.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	first, err := l.Replica().FirstLogIndex()
+	if err != nil || first <= 1 {
+		t.Fatalf("leader log not compacted (first index %d, %v)", first, err)
+	}
+	c.start(down, nil)
+	c.waitConverged(10 * time.Second)
+	w.check(t, c.groups[down].Table())
+	if st := c.groups[down].Raft().Stats(); st["last_snapshot_index"] == "0" {
+		t.Fatalf("follower caught up without a snapshot: %v", st)
+	}
+	// The installed snapshot carried the dedupe record: a retried old push
+	// through the new leader is a duplicate.
+	c.stop(c.leader(time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	old := w.makePush(rand.New(rand.NewPCG(0, 99)), 1, 1)
+	if err := c.push(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	c.waitConverged(5 * time.Second)
+	for _, g := range c.groups {
+		if g != nil {
+			w.check(t, g.Table())
+		}
+	}
+}
+
+// TestGroupLinearizableReadAfterFullRestart: after every replica restarts, the
+// log ends in entries raft applies without showing the FSM (its own no-op); a
+// linearizable read must still complete, and see every acknowledged push.
+func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
+	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 2)))
+	c.leader(5 * time.Second)
+	w := newWorkload(2)
+	w.run(t, c, 2, 30)
+	for i := range c.groups {
+		c.stop(i)
+	}
+	for i := range c.groups {
+		c.start(i, nil)
+	}
+	l := c.groups[c.leader(10*time.Second)]
+	keys := []uint64{0, 1, 2, 3}
+	out := make([]float32, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Pull(ctx, keys, out, true); err != nil {
+		t.Fatalf("linearizable read after a full restart: %v", err)
+	}
+	w.check(t, l.Table())
+}

@@ -1,0 +1,630 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/transportpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Transport errors.
+var (
+	ErrGroupExists     = errors.New("raft group already open on this node")
+	ErrUnknownGroup    = errors.New("raft group not on this node")
+	ErrTransportClosed = errors.New("raft transport closed")
+)
+
+// Sizes of the Raft transport.
+const (
+	// MaxRaftMessageBytes bounds one Raft message. OpenRaft caps a group's
+	// AppendEntries at MaxAppendEntries entries, and a shard's entries at
+	// MaxEntryBytes, so that a full AppendEntries fits.
+	MaxRaftMessageBytes = 160 << 20
+	snapshotChunkBytes  = 1 << 20
+	pipelineDepth       = 128
+)
+
+// MuxConfig configures a Mux; zero fields get defaults.
+type MuxConfig struct {
+	// LocalAddr is this node's gRPC address, as peers dial it.
+	LocalAddr raft.ServerAddress
+	// DialOptions are used to dial peers (default: insecure credentials).
+	DialOptions []grpc.DialOption
+	// Timeout bounds AppendEntries, RequestVote, TimeoutNow and RequestPreVote
+	// calls (default 5s). InstallSnapshot gets Timeout per 256 MiB as well.
+	Timeout time.Duration
+	Logger  hclog.Logger
+}
+
+// Mux is one node's Raft transport: it serves the Raft RPCs of every group
+// on the node's gRPC server (service raftps.transport.v1.RaftTransport, see
+// transportpb) and gives each group its raft.Transport. Every message carries
+// its group's ID; one gRPC connection per peer carries every group.
+//
+// Heartbeats of a group go to its heartbeat handler directly rather than
+// through the consumer channel, as in raft's NetworkTransport, so a follower
+// busy writing a large batch to disk still answers them and its leader does
+// not step down.
+//
+// Concurrency: all methods are safe for concurrent use. Transports are
+// registered and removed under mu; connections are created lazily under
+// connMu and shared.
+type Mux struct {
+	cfg MuxConfig
+	log hclog.Logger
+
+	mu     sync.RWMutex // guards groups, closed
+	groups map[string]*Transport
+	closed bool
+
+	connMu sync.Mutex // guards conns
+	conns  map[raft.ServerAddress]*grpc.ClientConn
+
+	stats MuxStats
+}
+
+// MuxStats counts what a Mux served, for metrics and tests.
+type MuxStats struct {
+	PipelinedAppends  atomic.Int64 // AppendEntries answered on pipeline streams
+	SnapshotsReceived atomic.Int64 // InstallSnapshot streams completed
+	SnapshotBytes     atomic.Int64 // snapshot bytes received
+}
+
+// Stats returns the Mux's counters.
+func (m *Mux) Stats() *MuxStats { return &m.stats }
+
+// NewMux returns a Mux for the node at cfg.LocalAddr.
+func NewMux(cfg MuxConfig) (*Mux, error) {
+	if cfg.LocalAddr == "" {
+		return nil, fmt.Errorf("raft transport: LocalAddr is empty")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("raft transport: Timeout = %s (want > 0)", cfg.Timeout)
+	}
+	if cfg.DialOptions == nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
+		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)))
+	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}}, nil
+}
+
+// ServerOptions are what the node's grpc.Server needs for Raft traffic.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRaftMessageBytes), grpc.MaxSendMsgSize(MaxRaftMessageBytes)}
+}
+
+// Register adds the Raft service to the node's gRPC server.
+func (m *Mux) Register(s grpc.ServiceRegistrar) {
+	transportpb.RegisterRaftTransportServer(s, &muxServer{m: m})
+}
+
+// Transport opens the transport of one group on this node.
+func (m *Mux) Transport(group string) (*Transport, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, fmt.Errorf("raft group %q: %w", group, ErrTransportClosed)
+	}
+	if _, ok := m.groups[group]; ok {
+		return nil, fmt.Errorf("raft group %q: %w", group, ErrGroupExists)
+	}
+	t := &Transport{mux: m, group: group, consumer: make(chan raft.RPC), closed: make(chan struct{})}
+	m.groups[group] = t
+	return t, nil
+}
+
+func (m *Mux) lookup(group string) (*Transport, error) {
+	m.mu.RLock()
+	t := m.groups[group]
+	m.mu.RUnlock()
+	if t == nil {
+		return nil, status.Errorf(codes.NotFound, "raft group %q is not on node %s", group, m.cfg.LocalAddr)
+	}
+	return t, nil
+}
+
+func (m *Mux) client(target raft.ServerAddress) (transportpb.RaftTransportClient, error) {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	cc, ok := m.conns[target]
+	if !ok {
+		var err error
+		if cc, err = grpc.NewClient(string(target), m.cfg.DialOptions...); err != nil {
+			return nil, fmt.Errorf("raft transport: dialing %s: %w", target, err)
+		}
+		m.conns[target] = cc
+	}
+	return transportpb.NewRaftTransportClient(cc), nil
+}
+
+// Close closes every transport and connection.
+func (m *Mux) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	groups := m.groups
+	m.groups = map[string]*Transport{}
+	m.mu.Unlock()
+	for _, t := range groups {
+		t.shut()
+	}
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	var errs []error
+	for _, cc := range m.conns {
+		errs = append(errs, cc.Close())
+	}
+	m.conns = map[raft.ServerAddress]*grpc.ClientConn{}
+	return errors.Join(errs...)
+}
+
+// Transport is one group's raft.Transport over its node's Mux. It implements
+// raft.Transport, raft.WithClose and raft.WithPreVote.
+type Transport struct {
+	mux      *Mux
+	group    string
+	consumer chan raft.RPC
+
+	hbMu      sync.RWMutex // guards heartbeat
+	heartbeat func(raft.RPC)
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+var (
+	_ raft.Transport   = (*Transport)(nil)
+	_ raft.WithClose   = (*Transport)(nil)
+	_ raft.WithPreVote = (*Transport)(nil)
+)
+
+func (t *Transport) Consumer() <-chan raft.RPC     { return t.consumer }
+func (t *Transport) LocalAddr() raft.ServerAddress { return t.mux.cfg.LocalAddr }
+
+func (t *Transport) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
+	t.hbMu.Lock()
+	t.heartbeat = cb
+	t.hbMu.Unlock()
+}
+
+func (t *Transport) EncodePeer(_ raft.ServerID, addr raft.ServerAddress) []byte { return []byte(addr) }
+func (t *Transport) DecodePeer(b []byte) raft.ServerAddress                     { return raft.ServerAddress(b) }
+
+// Close removes the group from its Mux: its incoming RPCs are answered
+// NotFound and its calls fail with ErrTransportClosed.
+func (t *Transport) Close() error {
+	t.mux.mu.Lock()
+	if t.mux.groups[t.group] == t {
+		delete(t.mux.groups, t.group)
+	}
+	t.mux.mu.Unlock()
+	t.shut()
+	return nil
+}
+
+func (t *Transport) shut() { t.closeOnce.Do(func() { close(t.closed) }) }
+
+func (t *Transport) isClosed() error {
+	select {
+	case <-t.closed:
+		return fmt.Errorf("raft group %q: %w", t.group, ErrTransportClosed)
+	default:
+		return nil
+	}
+}
+
+var msgpack = &codec.MsgpackHandle{}
+
+func encode(v any) ([]byte, error) {
+	var b []byte
+	if err := codec.NewEncoderBytes(&b, msgpack).Encode(v); err != nil {
+		return nil, fmt.Errorf("raft transport: encoding %T: %w", v, err)
+	}
+	return b, nil
+}
+
+func decode(b []byte, v any) error {
+	if err := codec.NewDecoderBytes(b, msgpack).Decode(v); err != nil {
+		return fmt.Errorf("raft transport: decoding %T: %w", v, err)
+	}
+	return nil
+}
+
+// unary makes one request/response call.
+func (t *Transport) unary(target raft.ServerAddress, args, resp any,
+	call func(transportpb.RaftTransportClient, context.Context, *transportpb.RPC) (*transportpb.RPC, error)) error {
+	if err := t.isClosed(); err != nil {
+		return err
+	}
+	c, err := t.mux.client(target)
+	if err != nil {
+		return err
+	}
+	payload, err := encode(args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.mux.cfg.Timeout)
+	defer cancel()
+	out, err := call(c, ctx, &transportpb.RPC{Group: t.group, Msgpack: payload})
+	if err != nil {
+		return fmt.Errorf("raft group %q: %s: %w", t.group, target, err)
+	}
+	return decode(out.Msgpack, resp)
+}
+
+func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+		return c.AppendEntries(ctx, r)
+	})
+}
+
+func (t *Transport) RequestVote(_ raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+		return c.RequestVote(ctx, r)
+	})
+}
+
+func (t *Transport) RequestPreVote(_ raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+		return c.RequestPreVote(ctx, r)
+	})
+}
+
+func (t *Transport) TimeoutNow(_ raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+		return c.TimeoutNow(ctx, r)
+	})
+}
+
+// InstallSnapshot streams the snapshot in 1 MiB chunks after the request.
+func (t *Transport) InstallSnapshot(_ raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	if err := t.isClosed(); err != nil {
+		return err
+	}
+	c, err := t.mux.client(target)
+	if err != nil {
+		return err
+	}
+	req, err := encode(args)
+	if err != nil {
+		return err
+	}
+	// As NetworkTransport: the timeout grows with the snapshot.
+	timeout := t.mux.cfg.Timeout * time.Duration(1+args.Size/(256<<20))
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stream, err := c.InstallSnapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("raft group %q: snapshot to %s: %w", t.group, target, err)
+	}
+	if err := stream.Send(&transportpb.SnapshotChunk{Group: t.group, Request: req}); err != nil {
+		return fmt.Errorf("raft group %q: snapshot to %s: %w", t.group, target, err)
+	}
+	buf := make([]byte, snapshotChunkBytes)
+	for {
+		n, rerr := io.ReadFull(data, buf)
+		if n > 0 {
+			if err := stream.Send(&transportpb.SnapshotChunk{Data: buf[:n]}); err != nil {
+				break // the server's answer (CloseAndRecv) says why
+			}
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("raft group %q: reading snapshot for %s: %w", t.group, target, rerr)
+		}
+	}
+	out, err := stream.CloseAndRecv()
+	if err != nil {
+		return fmt.Errorf("raft group %q: snapshot to %s: %w", t.group, target, err)
+	}
+	return decode(out.Msgpack, resp)
+}
+
+// AppendEntriesPipeline opens a stream to target on which AppendEntries are
+// sent without waiting for each answer.
+func (t *Transport) AppendEntriesPipeline(_ raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	if err := t.isClosed(); err != nil {
+		return nil, err
+	}
+	c, err := t.mux.client(target)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.AppendEntriesPipeline(ctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("raft group %q: pipeline to %s: %w", t.group, target, err)
+	}
+	p := &pipeline{
+		t: t, stream: stream, cancel: cancel,
+		inflight: make(chan *appendFuture, pipelineDepth),
+		done:     make(chan raft.AppendFuture, pipelineDepth),
+		shutdown: make(chan struct{}),
+	}
+	go p.receive()
+	return p, nil
+}
+
+type pipeline struct {
+	t        *Transport
+	stream   grpc.BidiStreamingClient[transportpb.RPC, transportpb.RPC]
+	cancel   context.CancelFunc
+	sendMu   sync.Mutex // serialises Send and inflight order
+	inflight chan *appendFuture
+	done     chan raft.AppendFuture
+	once     sync.Once
+	shutdown chan struct{}
+}
+
+func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) (raft.AppendFuture, error) {
+	f := &appendFuture{start: time.Now(), args: args, resp: resp, errCh: make(chan error, 1)}
+	payload, err := encode(args)
+	if err != nil {
+		return nil, err
+	}
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	select {
+	case p.inflight <- f:
+	case <-p.shutdown:
+		return nil, raft.ErrPipelineShutdown
+	}
+	if err := p.stream.Send(&transportpb.RPC{Group: p.t.group, Msgpack: payload}); err != nil {
+		// receive fails every in-flight future once the stream breaks.
+		return nil, fmt.Errorf("raft group %q: pipeline send: %w", p.t.group, err)
+	}
+	return f, nil
+}
+
+func (p *pipeline) receive() {
+	defer close(p.done)
+	var broken error
+	for {
+		var f *appendFuture
+		select {
+		case f = <-p.inflight:
+		case <-p.shutdown:
+			// Fail what is still queued.
+			for {
+				select {
+				case f := <-p.inflight:
+					f.respond(raft.ErrPipelineShutdown)
+				default:
+					return
+				}
+			}
+		}
+		if broken == nil {
+			msg, err := p.stream.Recv()
+			if err != nil {
+				broken = fmt.Errorf("raft group %q: pipeline: %w", p.t.group, err)
+			} else {
+				broken = decode(msg.Msgpack, f.resp)
+				if broken == nil {
+					f.respond(nil)
+					select {
+					case p.done <- f:
+					case <-p.shutdown:
+					}
+					continue
+				}
+			}
+		}
+		f.respond(broken)
+		select {
+		case p.done <- f:
+		case <-p.shutdown:
+		}
+	}
+}
+
+func (p *pipeline) Consumer() <-chan raft.AppendFuture { return p.done }
+
+func (p *pipeline) Close() error {
+	p.once.Do(func() {
+		close(p.shutdown)
+		p.sendMu.Lock()
+		_ = p.stream.CloseSend()
+		p.sendMu.Unlock()
+		p.cancel()
+	})
+	return nil
+}
+
+type appendFuture struct {
+	start time.Time
+	args  *raft.AppendEntriesRequest
+	resp  *raft.AppendEntriesResponse
+	errCh chan error
+	err   error
+	once  sync.Once
+}
+
+func (f *appendFuture) respond(err error) { f.errCh <- err }
+func (f *appendFuture) Error() error {
+	f.once.Do(func() { f.err = <-f.errCh })
+	return f.err
+}
+func (f *appendFuture) Start() time.Time                      { return f.start }
+func (f *appendFuture) Request() *raft.AppendEntriesRequest   { return f.args }
+func (f *appendFuture) Response() *raft.AppendEntriesResponse { return f.resp }
+
+// muxServer answers the Raft RPCs of every group on the node.
+type muxServer struct {
+	transportpb.UnimplementedRaftTransportServer
+	m *Mux
+}
+
+// dispatch hands a decoded request to its group's Raft and waits for the
+// answer. Pure heartbeats go to the heartbeat handler.
+func (t *Transport) dispatch(ctx context.Context, cmd any, data io.Reader) (any, error) {
+	ch := make(chan raft.RPCResponse, 1)
+	rpc := raft.RPC{Command: cmd, Reader: data, RespChan: ch}
+	if ae, ok := cmd.(*raft.AppendEntriesRequest); ok && isHeartbeat(ae) {
+		t.hbMu.RLock()
+		hb := t.heartbeat
+		t.hbMu.RUnlock()
+		if hb != nil {
+			hb(rpc)
+			goto wait
+		}
+	}
+	select {
+	case t.consumer <- rpc:
+	case <-t.closed:
+		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", t.group)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+wait:
+	select {
+	case r := <-ch:
+		if r.Error != nil {
+			return nil, status.Errorf(codes.Unknown, "raft group %q: %v", t.group, r.Error)
+		}
+		return r.Response, nil
+	case <-t.closed:
+		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", t.group)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// isHeartbeat mirrors raft's NetworkTransport: a request with a term and a
+// leader, and nothing else. Every raftps node runs raft v1.7+, which sets
+// RPCHeader.Addr, so the deprecated Leader field is not consulted.
+func isHeartbeat(r *raft.AppendEntriesRequest) bool {
+	return r.Term != 0 && len(r.RPCHeader.Addr) != 0 && r.PrevLogEntry == 0 && r.PrevLogTerm == 0 &&
+		len(r.Entries) == 0 && r.LeaderCommitIndex == 0
+}
+
+// serveUnary decodes a request of type Req, dispatches it and encodes the answer.
+func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC) (*transportpb.RPC, error) {
+	if in.Group == "" {
+		return nil, status.Error(codes.InvalidArgument, "raft RPC without a group")
+	}
+	t, err := m.lookup(in.Group)
+	if err != nil {
+		return nil, err
+	}
+	req := new(Req)
+	if err := decode(in.Msgpack, req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	resp, err := t.dispatch(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	out, err := encode(resp)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &transportpb.RPC{Group: in.Group, Msgpack: out}, nil
+}
+
+func (s *muxServer) AppendEntries(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
+	return serveUnary[raft.AppendEntriesRequest](ctx, s.m, in)
+}
+
+func (s *muxServer) RequestVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
+	return serveUnary[raft.RequestVoteRequest](ctx, s.m, in)
+}
+
+func (s *muxServer) RequestPreVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
+	return serveUnary[raft.RequestPreVoteRequest](ctx, s.m, in)
+}
+
+func (s *muxServer) TimeoutNow(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
+	return serveUnary[raft.TimeoutNowRequest](ctx, s.m, in)
+}
+
+// AppendEntriesPipeline answers a stream of AppendEntries in order.
+func (s *muxServer) AppendEntriesPipeline(stream grpc.BidiStreamingServer[transportpb.RPC, transportpb.RPC]) error {
+	for {
+		in, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out, err := serveUnary[raft.AppendEntriesRequest](stream.Context(), s.m, in)
+		if err != nil {
+			return err
+		}
+		s.m.stats.PipelinedAppends.Add(1)
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+// InstallSnapshot hands Raft a reader over the incoming chunks.
+func (s *muxServer) InstallSnapshot(stream grpc.ClientStreamingServer[transportpb.SnapshotChunk, transportpb.RPC]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.Group == "" {
+		return status.Error(codes.InvalidArgument, "snapshot without a group")
+	}
+	t, err := s.m.lookup(first.Group)
+	if err != nil {
+		return err
+	}
+	req := &raft.InstallSnapshotRequest{}
+	if err := decode(first.Request, req); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		for {
+			c, err := stream.Recv()
+			if err == io.EOF {
+				pw.Close()
+				return
+			}
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			if _, err := pw.Write(c.Data); err != nil {
+				return // the reader gave up; Raft's answer says why
+			}
+			s.m.stats.SnapshotBytes.Add(int64(len(c.Data)))
+		}
+	}()
+	resp, err := t.dispatch(stream.Context(), req, pr)
+	pr.Close()
+	if err != nil {
+		return err
+	}
+	out, err := encode(resp)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	s.m.stats.SnapshotsReceived.Add(1)
+	return stream.SendAndClose(&transportpb.RPC{Group: first.Group, Msgpack: out})
+}

@@ -1,0 +1,405 @@
+package shard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/shardpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// Addrs are nodes to ask first; the client learns leaders from them.
+	Addrs []string
+	// ClientID identifies this client's pushes for deduplication; random if 0.
+	// Two clients must never share one.
+	ClientID uint64
+	// RetryTimeout bounds how long one Pull or Push keeps retrying through
+	// leader changes when the context has no earlier deadline (default 30s).
+	RetryTimeout time.Duration
+	// MaxMessageBytes caps a message the client sends or receives (default 64 MiB).
+	MaxMessageBytes int
+}
+
+// Client talks to a raftps cluster: it routes every key to its shard's
+// leader, splits batches by shard and calls shards in parallel, and retries
+// through leader changes. Safe for concurrent use.
+type Client struct {
+	cfg ClientConfig
+
+	mu      sync.Mutex
+	conns   map[string]*grpc.ClientConn // by address
+	tables  map[string]*shardpb.TableSpec
+	leaders map[string]string // group ID -> leader address
+	seqs    map[string]*atomic.Uint64
+}
+
+// NewClient returns a client of the cluster at cfg.Addrs. It connects lazily.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, fmt.Errorf("raftps client: no cluster addresses (--cluster or RAFTPS_CLUSTER)")
+	}
+	if cfg.ClientID == 0 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		cfg.ClientID = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	if cfg.RetryTimeout == 0 {
+		cfg.RetryTimeout = 30 * time.Second
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	return &Client{
+		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
+		leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
+	}, nil
+}
+
+// ID returns the client's ID.
+func (c *Client) ID() uint64 { return c.cfg.ClientID }
+
+// Close closes the client's connections.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, cc := range c.conns {
+		errs = append(errs, cc.Close())
+	}
+	c.conns = map[string]*grpc.ClientConn{}
+	return errors.Join(errs...)
+}
+
+func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cc, ok := c.conns[addr]
+	if !ok {
+		var err error
+		cc, err = grpc.NewClient(addr,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes), grpc.MaxCallSendMsgSize(c.cfg.MaxMessageBytes)))
+		if err != nil {
+			return nil, fmt.Errorf("raftps client: %s: %w", addr, err)
+		}
+		c.conns[addr] = cc
+	}
+	return shardpb.NewParameterServerClient(cc), nil
+}
+
+// retryable reports whether an error may go away by asking again, elsewhere
+// or later: not a leader, leader not ready, outcome unknown, node down.
+func retryable(err error) bool {
+	return errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrUnavailable) ||
+		errors.Is(err, replication.ErrLeaderNotReady) || errors.Is(err, replication.ErrUnknownOutcome) ||
+		errors.Is(err, replication.ErrGroupClosed)
+}
+
+// withRetry calls fn with candidate addresses until it succeeds, fails for
+// good, or ctx (bounded by RetryTimeout) ends. hint is tried first; a
+// NotLeader answer's leader is tried next.
+func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(addr string) error) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RetryTimeout)
+	defer cancel()
+	backoff := 5 * time.Millisecond
+	next := hint
+	var last error
+	for attempt := 0; ; attempt++ {
+		addrs := c.cfg.Addrs
+		if next != "" {
+			addrs = append([]string{next}, addrs...)
+		}
+		next = ""
+		for _, addr := range addrs {
+			err := fn(addr)
+			if err == nil {
+				if group != "" {
+					c.setLeader(group, addr)
+				}
+				return nil
+			}
+			err = fromStatus(err)
+			if !retryable(err) {
+				return err
+			}
+			last = err
+			var re *RemoteError
+			if errors.As(err, &re) && re.LeaderAddr != "" {
+				next = re.LeaderAddr
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", attempt+1, ctx.Err(), last)
+		}
+		if next == "" {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 200*time.Millisecond)
+		}
+	}
+}
+
+func (c *Client) setLeader(group, addr string) {
+	c.mu.Lock()
+	c.leaders[group] = addr
+	c.mu.Unlock()
+}
+
+func (c *Client) leader(group string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leaders[group]
+}
+
+// CreateTable creates a table and returns its spec with defaults filled in.
+// It returns once the node that created it serves every shard.
+func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
+	var out *shardpb.TableSpec
+	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(addr string) error {
+		s, err := c.stub(addr)
+		if err != nil {
+			return err
+		}
+		resp, err := s.CreateTable(ctx, &shardpb.CreateTableRequest{Spec: spec})
+		if err != nil {
+			return err
+		}
+		out = resp.Spec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.tables[out.Name] = out
+	c.mu.Unlock()
+	return out, nil
+}
+
+// Describe returns a table's spec and leaders, and refreshes the leader cache.
+func (c *Client) Describe(ctx context.Context, name string) (*shardpb.DescribeTableResponse, error) {
+	var out *shardpb.DescribeTableResponse
+	err := c.withRetry(ctx, "", "", func(addr string) error {
+		s, err := c.stub(addr)
+		if err != nil {
+			return err
+		}
+		out, err = s.DescribeTable(ctx, &shardpb.DescribeTableRequest{Name: name})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.tables[name] = out.Spec
+	for _, l := range out.Leaders {
+		if l.LeaderAddr != "" {
+			c.leaders[groupID(name, l.Shard)] = l.LeaderAddr
+		}
+	}
+	c.mu.Unlock()
+	return out, nil
+}
+
+// ListTables returns every table's spec.
+func (c *Client) ListTables(ctx context.Context) ([]*shardpb.TableSpec, error) {
+	var out []*shardpb.TableSpec
+	err := c.withRetry(ctx, "", "", func(addr string) error {
+		s, err := c.stub(addr)
+		if err != nil {
+			return err
+		}
+		resp, err := s.ListTables(ctx, &shardpb.ListTablesRequest{})
+		if err == nil {
+			out = resp.Tables
+		}
+		return err
+	})
+	return out, err
+}
+
+// Status asks one node for its status.
+func (c *Client) Status(ctx context.Context, addr string) (*shardpb.StatusResponse, error) {
+	s, err := c.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.Status(ctx, &shardpb.StatusRequest{})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return resp, nil
+}
+
+func (c *Client) spec(ctx context.Context, table string) (*shardpb.TableSpec, error) {
+	c.mu.Lock()
+	s := c.tables[table]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	d, err := c.Describe(ctx, table)
+	if err != nil {
+		return nil, err
+	}
+	return d.Spec, nil
+}
+
+// split groups the distinct keys of a batch by shard. idx[i] is the position
+// of keys[i] among its shard's keys.
+type split struct {
+	keys [][]uint64 // per shard, distinct
+	pos  [][]int    // per shard: for each distinct key, its first batch position
+	of   []int      // per batch position: index of its key within its shard's keys
+	sh   []uint32   // per batch position: its shard
+}
+
+func splitKeys(keys []uint64, shards uint32) *split {
+	sp := &split{keys: make([][]uint64, shards), pos: make([][]int, shards), of: make([]int, len(keys)), sh: make([]uint32, len(keys))}
+	seen := make(map[uint64]int, len(keys))
+	for i, k := range keys {
+		s := ShardOf(k, shards)
+		sp.sh[i] = s
+		if j, ok := seen[k]; ok {
+			sp.of[i] = j
+			continue
+		}
+		j := len(sp.keys[s])
+		seen[k] = j
+		sp.of[i] = j
+		sp.keys[s] = append(sp.keys[s], k)
+		sp.pos[s] = append(sp.pos[s], i)
+	}
+	return sp
+}
+
+// Pull fills out with the rows of keys (len(keys) × dim values, in the
+// order of keys) at the table's consistency level.
+func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32) error {
+	return c.PullWith(ctx, table, keys, out, shardpb.Consistency_CONSISTENCY_UNSPECIFIED)
+}
+
+// PullWith is Pull at an explicit consistency level (at least the table's).
+func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out []float32, level shardpb.Consistency) error {
+	spec, err := c.spec(ctx, table)
+	if err != nil {
+		return err
+	}
+	dim := int(spec.Dim)
+	if len(out) != len(keys)*dim {
+		return fmt.Errorf("raftps client: pull of %d keys of table %q (dim %d) into %d values", len(keys), table, dim, len(out))
+	}
+	sp := splitKeys(keys, spec.Shards)
+	rows := make([][]float32, spec.Shards)
+	err = c.eachShard(sp, func(s uint32) error {
+		g := groupID(table, s)
+		req := &shardpb.PullRequest{Table: table, Shard: s, Keys: KeysBytes(sp.keys[s]), Consistency: level}
+		return c.withRetry(ctx, g, c.leader(g), func(addr string) error {
+			st, err := c.stub(addr)
+			if err != nil {
+				return err
+			}
+			resp, err := st.Pull(ctx, req)
+			if err != nil {
+				return err
+			}
+			if len(resp.Values) != len(sp.keys[s])*dim*4 {
+				return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(resp.Values), len(sp.keys[s]), dim)
+			}
+			rows[s], err = DecodeValues(resp.Values, nil)
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("pull from table %q: %w", table, err)
+	}
+	for i := range keys {
+		s, j := sp.sh[i], sp.of[i]
+		copy(out[i*dim:(i+1)*dim], rows[s][j*dim:(j+1)*dim])
+	}
+	return nil
+}
+
+// Push sends gradients (len(keys) × dim values) to the table. Gradients of a
+// key that occurs more than once are summed first. Each shard's part is
+// applied exactly once, however often it is retried; Push returns once every
+// part is applied. On an error some parts may have been applied.
+func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) error {
+	spec, err := c.spec(ctx, table)
+	if err != nil {
+		return err
+	}
+	dim := int(spec.Dim)
+	if len(grads) != len(keys)*dim {
+		return fmt.Errorf("raftps client: push of %d keys to table %q (dim %d) with %d values", len(keys), table, dim, len(grads))
+	}
+	sp := splitKeys(keys, spec.Shards)
+	sums := make([][]float32, spec.Shards)
+	for s := range sums {
+		sums[s] = make([]float32, len(sp.keys[s])*dim)
+	}
+	for i := range keys {
+		s, j := sp.sh[i], sp.of[i]
+		dst, src := sums[s][j*dim:(j+1)*dim], grads[i*dim:(i+1)*dim]
+		for c := range dst {
+			dst[c] += src[c]
+		}
+	}
+	err = c.eachShard(sp, func(s uint32) error {
+		g := groupID(table, s)
+		req := &shardpb.PushRequest{Table: table, Shard: s, ClientId: c.cfg.ClientID, Seq: c.nextSeq(g),
+			Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s])}
+		return c.withRetry(ctx, g, c.leader(g), func(addr string) error {
+			st, err := c.stub(addr)
+			if err != nil {
+				return err
+			}
+			_, err = st.Push(ctx, req)
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("push to table %q: %w", table, err)
+	}
+	return nil
+}
+
+func (c *Client) nextSeq(group string) uint64 {
+	c.mu.Lock()
+	s, ok := c.seqs[group]
+	if !ok {
+		s = new(atomic.Uint64)
+		c.seqs[group] = s
+	}
+	c.mu.Unlock()
+	return s.Add(1)
+}
+
+// eachShard runs fn for every shard with keys, in parallel.
+func (c *Client) eachShard(sp *split, fn func(s uint32) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(sp.keys))
+	for s := range sp.keys {
+		if len(sp.keys[s]) == 0 {
+			continue
+		}
+		wg.Go(func() { errs[s] = fn(uint32(s)) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

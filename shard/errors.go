@@ -1,0 +1,118 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinel errors of the cluster layer.
+var (
+	ErrBadRequest        = errors.New("bad request")
+	ErrUnknownShard      = errors.New("unknown shard")
+	ErrRequestTooLarge   = errors.New("request too large")
+	ErrWeakerConsistency = errors.New("consistency weaker than the table's")
+	ErrUnavailable       = errors.New("unavailable")
+)
+
+// codeOf is the one table from errors to gRPC codes. The first sentinel the
+// error wraps decides; anything else is Internal.
+var codeOf = []struct {
+	err  error
+	code codes.Code
+}{
+	{replication.ErrNotLeader, codes.FailedPrecondition},
+	{replication.ErrLeaderNotReady, codes.Unavailable},
+	{replication.ErrUnknownOutcome, codes.Unavailable},
+	{replication.ErrGroupClosed, codes.Unavailable},
+	{replication.ErrSequenceTooOld, codes.FailedPrecondition},
+	{replication.ErrBadRequest, codes.InvalidArgument},
+	{store.ErrUnknownTable, codes.NotFound},
+	{store.ErrTableExists, codes.AlreadyExists},
+	{store.ErrInvalidConfig, codes.InvalidArgument},
+	{store.ErrDimMismatch, codes.InvalidArgument},
+	{store.ErrNonFinite, codes.InvalidArgument},
+	{store.ErrTableFull, codes.ResourceExhausted},
+	{ErrBadRequest, codes.InvalidArgument},
+	{ErrUnknownShard, codes.NotFound},
+	{ErrRequestTooLarge, codes.ResourceExhausted},
+	{ErrWeakerConsistency, codes.InvalidArgument},
+	{ErrUnavailable, codes.Unavailable},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{context.Canceled, codes.Canceled},
+}
+
+// toStatus converts a server-side error to the status a handler returns; a
+// not-leader error carries the leader as a NotLeader detail.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	code := codes.Internal
+	for _, e := range codeOf {
+		if errors.Is(err, e.err) {
+			code = e.code
+			break
+		}
+	}
+	st := status.New(code, err.Error())
+	var nl *replication.NotLeaderError
+	if errors.As(err, &nl) {
+		if d, derr := st.WithDetails(&shardpb.NotLeader{Group: nl.Group, LeaderId: string(nl.LeaderID), LeaderAddr: string(nl.LeaderAddr)}); derr == nil {
+			st = d
+		}
+	}
+	return st.Err()
+}
+
+// RemoteError is an error a node answered with. It unwraps to the sentinel
+// its code stands for (ErrNotLeader for FailedPrecondition with a leader
+// hint, store.ErrUnknownTable for NotFound, ...), so callers test it with
+// errors.Is exactly like a local error.
+type RemoteError struct {
+	Code       codes.Code
+	Msg        string
+	LeaderAddr string // from a NotLeader detail
+	sentinel   error
+}
+
+func (e *RemoteError) Error() string { return e.Msg }
+func (e *RemoteError) Unwrap() error { return e.sentinel }
+
+// fromStatus converts a client-side gRPC error back to a RemoteError.
+func fromStatus(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	re := &RemoteError{Code: st.Code(), Msg: st.Message()}
+	for _, d := range st.Details() {
+		if nl, ok := d.(*shardpb.NotLeader); ok {
+			re.LeaderAddr = nl.LeaderAddr
+			re.sentinel = replication.ErrNotLeader
+			return re
+		}
+	}
+	// The message names the sentinel's text; find the most specific match.
+	for _, e := range codeOf {
+		if e.code == st.Code() && strings.Contains(st.Message(), e.err.Error()) {
+			re.sentinel = e.err
+			return re
+		}
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		re.sentinel = ErrUnavailable
+	case codes.DeadlineExceeded:
+		re.sentinel = context.DeadlineExceeded
+	case codes.Canceled:
+		re.sentinel = context.Canceled
+	}
+	return re
+}

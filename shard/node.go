@@ -1,0 +1,356 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+)
+
+// Peer is a node of the static cluster.
+type Peer struct {
+	ID   string
+	Addr string
+}
+
+// NodeConfig configures one raftps server process.
+type NodeConfig struct {
+	// ID is this node's name, unique in the cluster; Addr its gRPC address,
+	// both listened on and advertised to peers.
+	ID   string
+	Addr string
+	// HTTPAddr serves /healthz; empty disables it.
+	HTTPAddr string
+	// DataDir holds the metadata group and every shard replica, one directory
+	// each; a node restarted with the same DataDir resumes where it stopped.
+	DataDir string
+	// Peers lists every node of the cluster, this one included. Every node
+	// holds a replica of every shard.
+	Peers []Peer
+	// Raft is the template for every group's Raft settings; ID, NodeID, Dir,
+	// Transport and Peers are filled in per group.
+	Raft replication.RaftConfig
+	// MaxMessageBytes caps a gRPC message (default 64 MiB); larger requests
+	// are refused with ResourceExhausted.
+	MaxMessageBytes int
+	Logger          hclog.Logger
+}
+
+// DefaultMaxMessageBytes is the default cap on one gRPC message.
+const DefaultMaxMessageBytes = 64 << 20
+
+func (c NodeConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("node config: %s", fmt.Sprintf(format, args...))
+	}
+	if c.ID == "" {
+		return bad("--id is empty")
+	}
+	if c.Addr == "" {
+		return bad("--addr is empty")
+	}
+	if c.DataDir == "" {
+		return bad("--data-dir is empty")
+	}
+	seenID, seenAddr := map[string]bool{}, map[string]bool{}
+	self := false
+	for _, p := range c.Peers {
+		if p.ID == "" || p.Addr == "" {
+			return bad("peer %q at %q: both ID and address are needed", p.ID, p.Addr)
+		}
+		if seenID[p.ID] || seenAddr[p.Addr] {
+			return bad("peer %s=%s listed twice", p.ID, p.Addr)
+		}
+		seenID[p.ID], seenAddr[p.Addr] = true, true
+		if p.ID == c.ID {
+			if p.Addr != c.Addr {
+				return bad("this node %s is listed in --peers at %s but --addr is %s", c.ID, p.Addr, c.Addr)
+			}
+			self = true
+		}
+	}
+	if !self {
+		return bad("this node %s=%s is not in --peers", c.ID, c.Addr)
+	}
+	return nil
+}
+
+// Node is one running raftps server.
+//
+// Concurrency: every method is safe for concurrent use. groups is guarded by
+// mu; the reconcile goroutine is the only one that adds to it.
+type Node struct {
+	cfg     NodeConfig
+	log     hclog.Logger
+	lis     net.Listener
+	server  *grpc.Server
+	http    *http.Server
+	mux     *replication.Mux
+	meta    *replication.RaftReplica
+	metaFSM *metaFSM
+
+	mu     sync.RWMutex
+	groups map[string]*replication.Group // by groupID
+
+	kick   chan struct{} // the table list changed
+	closed chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// StartNode starts a node: it listens, joins the metadata group and opens a
+// replica of every shard of every table it knows.
+func StartNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	lis, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	n := &Node{
+		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
+		groups: map[string]*replication.Group{},
+		kick:   make(chan struct{}, 1),
+		closed: make(chan struct{}),
+	}
+	n.mux, err = replication.NewMux(replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")})
+	if err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	opts := append(replication.ServerOptions(),
+		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes))
+	n.server = grpc.NewServer(opts...)
+	n.mux.Register(n.server)
+	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
+	reflection.Register(n.server)
+	n.wg.Go(func() {
+		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("grpc server stopped", "error", err)
+		}
+	})
+
+	n.metaFSM = newMetaFSM(n.kickReconcile)
+	tr, err := n.mux.Transport(metaGroupID)
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	n.meta, err = replication.OpenRaft(n.raftConfig(metaGroupID, filepath.Join(cfg.DataDir, "meta"), tr), n.metaFSM)
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	n.wg.Go(n.reconcileLoop)
+	n.kickReconcile()
+	if cfg.HTTPAddr != "" {
+		if err := n.startHTTP(); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	n.log.Info("node started", "addr", cfg.Addr, "peers", len(cfg.Peers))
+	return n, nil
+}
+
+func (n *Node) raftConfig(group, dir string, tr raft.Transport) replication.RaftConfig {
+	rc := n.cfg.Raft
+	rc.ID, rc.NodeID, rc.Dir, rc.Transport = group, raft.ServerID(n.cfg.ID), dir, tr
+	rc.Peers = nil
+	for _, p := range n.cfg.Peers {
+		rc.Peers = append(rc.Peers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+	}
+	if rc.Logger == nil {
+		rc.Logger = n.log.Named(group)
+	}
+	return rc
+}
+
+// Addr returns the node's gRPC address.
+func (n *Node) Addr() string { return n.cfg.Addr }
+
+// ID returns the node's ID.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// Group returns this node's replica of a shard, if it has one.
+func (n *Node) Group(table string, shard uint32) *replication.Group {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.groups[groupID(table, shard)]
+}
+
+// MetaRaft returns the metadata group's Raft instance.
+func (n *Node) MetaRaft() *raft.Raft { return n.meta.Raft }
+
+func (n *Node) kickReconcile() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reconcileLoop opens a replica of every shard of every table in the
+// metadata, and retries what failed every second.
+func (n *Node) reconcileLoop() {
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-n.kick:
+		case <-retry.C:
+		}
+		for _, spec := range n.metaFSM.list() {
+			cfg, err := tableConfig(spec)
+			if err != nil {
+				n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
+				continue
+			}
+			for s := range spec.Shards {
+				id := groupID(spec.Name, s)
+				if n.Group(spec.Name, s) != nil {
+					continue
+				}
+				if err := n.openGroup(id, cfg); err != nil {
+					n.log.Error("opening shard replica", "group", id, "error", err)
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) openGroup(id string, cfg store.TableConfig) error {
+	tr, err := n.mux.Transport(id)
+	if err != nil {
+		return err
+	}
+	g, err := replication.OpenGroup(replication.GroupConfig{
+		RaftConfig: n.raftConfig(id, filepath.Join(n.cfg.DataDir, "groups", id), tr),
+		Table:      cfg,
+	})
+	if err != nil {
+		tr.Close()
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.closed:
+		g.Close()
+		return errors.New("node closed")
+	default:
+	}
+	n.groups[id] = g
+	return nil
+}
+
+// waitTableReady waits until this node holds every shard of the table and
+// each has a known leader.
+func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) error {
+	for {
+		ready := true
+		for s := range spec.Shards {
+			g := n.Group(spec.Name, s)
+			if g == nil {
+				ready = false
+				break
+			}
+			if addr, _ := g.Raft().LeaderWithID(); addr == "" {
+				ready = false
+				break
+			}
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("table %q: %w: shards without a leader: %w", spec.Name, ErrUnavailable, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (n *Node) startHTTP() error {
+	lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("node %s: http: %w", n.cfg.ID, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if addr, _ := n.meta.Raft.LeaderWithID(); addr == "" {
+			http.Error(w, "no metadata leader", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.wg.Go(func() {
+		if err := n.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("http server stopped", "error", err)
+		}
+	})
+	return nil
+}
+
+// Close stops the node: shard replicas, the metadata group, the servers.
+func (n *Node) Close() error {
+	var errs []error
+	n.once.Do(func() {
+		close(n.closed)
+		n.mu.Lock()
+		groups := n.groups
+		n.groups = map[string]*replication.Group{}
+		n.mu.Unlock()
+		for id, g := range groups {
+			if err := g.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("group %s: %w", id, err))
+			}
+		}
+		if n.meta != nil {
+			if err := n.meta.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("meta: %w", err))
+			}
+		}
+		if n.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = n.http.Shutdown(ctx)
+			cancel()
+		}
+		if n.server != nil {
+			n.server.Stop()
+		}
+		if n.mux != nil {
+			if err := n.mux.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		n.lis.Close()
+		n.wg.Wait()
+	})
+	return errors.Join(errs...)
+}

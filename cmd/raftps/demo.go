@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// runDemo shows what raftps is for, on one machine: a 3-node cluster of
+// separate processes, a training-like mixed workload, the leader of a shard
+// killed in the middle, and the proof that no acknowledged update was lost.
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("raftps demo", flag.ContinueOnError)
+	dir := fs.String("dir", "", "directory for the demo cluster (default: a temporary one, removed at the end)")
+	base := fs.Int("base-port", 7301, "gRPC port of the first node")
+	duration := fs.Duration("duration", 12*time.Second, "how long the workload runs")
+	keep := fs.Bool("keep", false, "leave the cluster running at the end")
+	if rc := parse(fs, args, stderr); rc >= 0 {
+		return rc
+	}
+	if err := demo(*dir, *base, *duration, *keep, stdout); err != nil {
+		return fail(stderr, "demo", err)
+	}
+	return 0
+}
+
+func demo(dir string, base int, duration time.Duration, keep bool, out io.Writer) (err error) {
+	say := func(format string, a ...any) { fmt.Fprintf(out, "==> "+format+"\n", a...) }
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "raftps-demo-"); err != nil {
+			return err
+		}
+		if !keep {
+			defer os.RemoveAll(dir)
+		}
+	}
+	say("starting a 3-node cluster in %s", dir)
+	if rc := clusterUp([]string{"--dir", filepath.Join(dir, "cluster"), "--base-port", fmt.Sprint(base)}, out, out); rc != 0 {
+		return errors.New("cluster up failed")
+	}
+	c, err := loadCluster(filepath.Join(dir, "cluster"))
+	if err != nil {
+		return err
+	}
+	if !keep {
+		defer func() {
+			say("taking the cluster down")
+			c.stopAll(out)
+		}()
+	}
+	addrs := strings.Split(c.addrs(), ",")
+	cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx := context.Background()
+
+	// A counter table: every push adds exactly 1 to a key, so after the run
+	// each row must equal the number of acknowledged pushes to it.
+	const counters = 64
+	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "demo_counts", Dim: 1, Shards: 4, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
+		return err
+	}
+	d, err := cl.Describe(ctx, "demo_counts")
+	if err != nil {
+		return err
+	}
+	victim := d.Leaders[0].LeaderId
+	say("table demo_counts: shard 0 is led by %s; it will be killed %s into the run", victim, duration/3)
+
+	var acked [counters]atomic.Int64
+	var failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := uint64(i % counters)
+			if err := cl.Push(ctx, "demo_counts", []uint64{k}, []float32{-1}); err != nil {
+				failed.Add(1)
+				continue
+			}
+			acked[k].Add(1)
+		}
+	})
+	// A probe of shard 0 alone, to time the failover.
+	probeKey := uint64(0) // a counter key of shard 0
+	for shard.ShardOf(probeKey, 4) != 0 && probeKey < counters-1 {
+		probeKey++
+	}
+	var killedAt atomic.Int64
+	var recovered atomic.Int64
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if killedAt.Load() == 0 || recovered.Load() != 0 {
+				continue
+			}
+			if err := cl.Push(ctx, "demo_counts", []uint64{probeKey}, []float32{-1}); err == nil {
+				acked[probeKey].Add(1)
+				recovered.Store(time.Now().UnixNano())
+			} else {
+				failed.Add(1)
+			}
+		}
+	})
+
+	say("running a mixed pull/push workload on table demo for %s", duration)
+	kill := func(elapsed time.Duration) {
+		if elapsed < duration/3 || killedAt.Load() != 0 {
+			return
+		}
+		killedAt.Store(time.Now().UnixNano())
+		if err := c.stop(victim, syscall.SIGKILL, 5*time.Second); err != nil {
+			fmt.Fprintf(out, "killing %s: %v\n", victim, err)
+			return
+		}
+		say("killed %s (SIGKILL), the leader of demo_counts/0; the workload goes on", victim)
+	}
+	res, err := benchmark(ctx, addrs, benchConfig{workload: "mixed", keys: 100000, dim: 32, batch: 1024, zipf: 1.1,
+		clients: 2, duration: duration, table: "", shards: 4, optimizer: "adagrad", load: true}, out, kill)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+
+	say("restarting %s; it catches up from its data directory", victim)
+	if err := c.start(mustNode(c, victim)); err != nil {
+		return err
+	}
+	if err := c.waitServing(30*time.Second, out); err != nil {
+		return err
+	}
+	keys := make([]uint64, counters)
+	for i := range keys {
+		keys[i] = uint64(i)
+	}
+	got := make([]float32, counters)
+	if err := cl.PullWith(ctx, "demo_counts", keys, got, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+		return err
+	}
+	var total, lost, doubled int64
+	for i := range keys {
+		want := acked[i].Load()
+		total += want
+		switch have := int64(got[i]); {
+		case have < want:
+			lost += want - have
+		case have > want:
+			doubled += have - want
+		}
+	}
+	say("summary")
+	fmt.Fprintf(out, "  workload:   %.0f rows/s (push %.0f, pull %.0f), batch p50 %.1f ms, p99 %.1f ms, max %.1f ms, %d errors\n",
+		res.RowsPerS, res.PushRowsPerS, res.PullRowsPerS, res.P50ms, res.P99ms, res.MaxMs, res.Errors)
+	if k, r := killedAt.Load(), recovered.Load(); k != 0 && r != 0 {
+		fmt.Fprintf(out, "  failover:   first successful push to demo_counts/0 %.0f ms after killing %s\n", float64(r-k)/1e6, victim)
+	}
+	fmt.Fprintf(out, "  counters:   %d acknowledged pushes, %d lost, %d applied twice, %d gave up (unacknowledged)\n", total, lost, doubled, failed.Load())
+	if lost != 0 || doubled != 0 {
+		return fmt.Errorf("%d acknowledged pushes lost, %d applied twice", lost, doubled)
+	}
+	if keep {
+		say("cluster left running: export RAFTPS_CLUSTER=%s; raftps cluster down --dir %s", c.addrs(), filepath.Join(dir, "cluster"))
+	}
+	return nil
+}
+
+func mustNode(c *localCluster, id string) localNode {
+	nd, _ := c.node(id)
+	return nd
+}

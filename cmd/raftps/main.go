@@ -1,0 +1,77 @@
+// Command raftps is raftps's one binary. Each subcommand is wiring and flags
+// only; the work lives in the packages (see docs/ARCHITECTURE.md).
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"sort"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand's
+// name and returns the process exit status.
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+// commands grows as the packages behind them land: server, table, status,
+// train, bench, chaos, demo, checkpoint (../shared/DESIGN.md).
+var commands = map[string]command{
+	"version": {"print the build's version and module versions", runVersion},
+	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --peers n1=A,n2=B,n3=C", runServer},
+	"table":   {"create, list or describe tables: raftps table create NAME --dim N ...", runTable},
+	"pull":    {"print rows: raftps pull TABLE KEY...", runPull},
+	"status":  {"show nodes and every replica's state, leader and indexes", runStatus},
+	"bench":   {"measure pull/push rows/s and latency against a cluster", runBench},
+	"demo":    {"a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost", runDemo},
+	"cluster": {"run a local cluster of separate processes: raftps cluster up|down|kill NODE|restart NODE --dir D", runCluster},
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "raftps: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	return cmd.run(args[1:], stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "raftps: a Raft-replicated parameter server for embedding tables.")
+	fmt.Fprintln(w, "\nUsage: raftps COMMAND [flags]\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
+	}
+}
+
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 0 {
+		fmt.Fprintln(stderr, "raftps version: takes no arguments")
+		return 2
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		fmt.Fprintln(stdout, "raftps (no build info)")
+		return 0
+	}
+	fmt.Fprintf(stdout, "raftps %s (%s)\n", bi.Main.Version, bi.GoVersion)
+	for _, d := range bi.Deps {
+		fmt.Fprintf(stdout, "  %s %s\n", d.Path, d.Version)
+	}
+	return 0
+}

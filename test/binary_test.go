@@ -1,0 +1,144 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/raftps/raftps/shard"
+)
+
+// buildBinary builds cmd/raftps into a temp dir once per test binary run.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "raftps")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/raftps/raftps/cmd/raftps")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building raftps: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// freePortRun finds a base port with n consecutive free gRPC ports and their
+// HTTP ports (base+100...).
+func freePortRun(t *testing.T, n int) int {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		base := 20000 + rand.IntN(20000)
+		ok := true
+		for i := 0; i < n && ok; i++ {
+			for _, p := range []int{base + i, base + 100 + i} {
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+				if err != nil {
+					ok = false
+					break
+				}
+				l.Close()
+			}
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// TestBinaryClusterFailover drives the real binary as a user would: cluster
+// up, table create, pushes, SIGKILL of the leader's process, more pushes,
+// then checks that no acknowledged push was lost and takes the cluster down.
+func TestBinaryClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := filepath.Join(t.TempDir(), "cluster")
+	raftps := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("raftps %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	base := freePortRun(t, 3)
+	raftps("cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base),
+		"--server-args", "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms")
+	t.Cleanup(func() {
+		out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput()
+		if err != nil {
+			t.Logf("cluster down: %v\n%s", err, out)
+		}
+	})
+	addrs, err := os.ReadFile(filepath.Join(dir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := strings.TrimSpace(string(addrs))
+	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
+
+	var desc struct {
+		Leaders []struct {
+			Shard  uint32 `json:"shard"`
+			Leader string `json:"leader"`
+		} `json:"leaders"`
+	}
+	if err := json.Unmarshal([]byte(raftps("table", "describe", "emb", "--json", "--cluster", cluster)), &desc); err != nil {
+		t.Fatal(err)
+	}
+	victim := desc.Leaders[0].Leader
+	if victim == "" {
+		t.Fatalf("shard 0 has no leader: %+v", desc)
+	}
+
+	cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(cluster, ","), RetryTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	want := map[uint64]float32{}
+	push := func(n int) {
+		for i := range n {
+			k := uint64(i % 40)
+			if err := cl.Push(ctx, "emb", []uint64{k}, []float32{-1, -2}); err != nil {
+				t.Fatal(err)
+			}
+			want[k]++
+		}
+	}
+	push(200)
+	raftps("cluster", "kill", victim, "--dir", dir)
+	push(200)
+	st := raftps("status", "--cluster", cluster)
+	if !strings.Contains(st, "unreachable") {
+		t.Errorf("status does not show the killed node as unreachable:\n%s", st)
+	}
+	keys := make([]uint64, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	out := make([]float32, 2*len(keys))
+	if err := cl.Pull(ctx, "emb", keys, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if out[2*i] != want[k] || out[2*i+1] != 2*want[k] {
+			t.Fatalf("key %d = %v, %d acknowledged pushes of (1, 2)", k, out[2*i:2*i+2], int(want[k]))
+		}
+	}
+	// The CLI reads the same rows.
+	if got := raftps("pull", "emb", "0", "--cluster", cluster); !strings.HasPrefix(got, fmt.Sprintf("0: %g %g", want[0], 2*want[0])) {
+		t.Fatalf("raftps pull printed %q", got)
+	}
+	raftps("cluster", "restart", victim, "--dir", dir)
+}

@@ -1,0 +1,199 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard"
+)
+
+// Cluster is an in-process raftps cluster for tests: n real nodes, each with
+// its own gRPC server on a 127.0.0.1 port and its own data directory, talking
+// over real sockets. Nodes can be killed and restarted from their data.
+type Cluster struct {
+	t     testing.TB
+	cfgs  []shard.NodeConfig
+	mu    sync.Mutex
+	nodes []*shard.Node // nil while down
+}
+
+// FastRaft is a Raft configuration for tests: elections in a few hundred
+// milliseconds.
+func FastRaft() replication.RaftConfig {
+	return replication.RaftConfig{
+		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond,
+	}
+}
+
+// StartCluster starts n nodes and waits until the metadata group has a
+// leader. Every node is closed when the test ends.
+func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, nodes: make([]*shard.Node, n)}
+	var peers []shard.Peer
+	for i := range n {
+		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: freeAddr(t)})
+	}
+	base := t.TempDir()
+	for i := range n {
+		c.cfgs = append(c.cfgs, shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft})
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { c.Start(i) })
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for i := range c.nodes {
+			c.Kill(i)
+		}
+	})
+	c.WaitMetaLeader(10 * time.Second)
+	return c
+}
+
+// freeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Start starts node i (again) from its data directory.
+func (c *Cluster) Start(i int) {
+	n, err := shard.StartNode(c.cfgs[i])
+	if err != nil {
+		c.t.Errorf("starting %s: %v", c.cfgs[i].ID, err)
+		return
+	}
+	c.mu.Lock()
+	c.nodes[i] = n
+	c.mu.Unlock()
+}
+
+// Kill stops node i abruptly (its servers and groups close; nothing is flushed
+// that Raft had not already made durable).
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	n := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	if n != nil {
+		if err := n.Close(); err != nil {
+			c.t.Logf("closing %s: %v", c.cfgs[i].ID, err)
+		}
+	}
+}
+
+// Node returns node i, or nil while it is down.
+func (c *Cluster) Node(i int) *shard.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// Addrs returns every node's gRPC address.
+func (c *Cluster) Addrs() []string {
+	var a []string
+	for _, cfg := range c.cfgs {
+		a = append(a, cfg.Addr)
+	}
+	return a
+}
+
+// Client returns a client of the cluster, closed when the test ends.
+func (c *Cluster) Client() *shard.Client {
+	cl, err := shard.NewClient(shard.ClientConfig{Addrs: c.Addrs(), RetryTimeout: 20 * time.Second})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// WaitMetaLeader waits until the metadata group has a leader.
+func (c *Cluster) WaitMetaLeader(timeout time.Duration) {
+	c.t.Helper()
+	c.waitFor(timeout, "a metadata leader", func() bool {
+		for i := range c.nodes {
+			if n := c.Node(i); n != nil && n.MetaRaft().State().String() == "Leader" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// Leader returns the index of the node leading table/shard.
+func (c *Cluster) Leader(table string, s uint32, timeout time.Duration) int {
+	c.t.Helper()
+	leader := -1
+	c.waitFor(timeout, fmt.Sprintf("a leader of %s/%d", table, s), func() bool {
+		for i := range c.nodes {
+			if n := c.Node(i); n != nil {
+				if g := n.Group(table, s); g != nil && g.IsLeader() {
+					leader = i
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+// WaitConverged waits until every live replica of table/shard has applied the
+// same index, and returns their checksums, which the caller compares.
+func (c *Cluster) WaitConverged(table string, s uint32, timeout time.Duration) []uint64 {
+	c.t.Helper()
+	c.waitFor(timeout, fmt.Sprintf("replicas of %s/%d to converge", table, s), func() bool {
+		var ix []uint64
+		for i := range c.nodes {
+			n := c.Node(i)
+			if n == nil {
+				continue
+			}
+			g := n.Group(table, s)
+			if g == nil {
+				return false
+			}
+			ix = append(ix, g.AppliedIndex())
+		}
+		for _, x := range ix {
+			if x != ix[0] {
+				return false
+			}
+		}
+		return len(ix) > 0
+	})
+	var sums []uint64
+	for i := range c.nodes {
+		if n := c.Node(i); n != nil {
+			sums = append(sums, n.Group(table, s).Table().Checksum())
+		}
+	}
+	return sums
+}
+
+func (c *Cluster) waitFor(timeout time.Duration, what string, cond func() bool) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

@@ -10,11 +10,18 @@ STATICCHECK := $(TOOLS)/staticcheck
 # Pinned: a newer staticcheck may add checks that fail verify without a code change.
 STATICCHECK_VERSION := v0.8.2
 # Packages whose tests exercise concurrency; they also run under -race.
-RACE_PKGS   := ./store/...
+RACE_PKGS   := ./store/... ./replication/...
 # Go test output is kept here so failures can be read after the fact.
 TEST_LOG    := bin/test.log
 
-.PHONY: help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall fuzz demo clean
+# Protobuf generators, pinned so that regenerating makes no diff. protoc
+# comes from Debian (protobuf-compiler 3.21.12 on bookworm).
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
+PROTOC_VERSION             := 3.21.12
+PROTOS := shard/shardpb/raftps.proto replication/transportpb/transport.proto
+
+.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster fuzz demo proto proto-check clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -71,10 +78,45 @@ bench-stall: ## the slowest Apply while a 10M-row snapshot is written
 fuzz: ## fuzz snapshot loading for FUZZTIME (default 60s)
 	$(GO) test ./store -run '^$$' -fuzz FuzzLoad -fuzztime $${FUZZTIME:-60s}
 
-demo: ## the local replicated cluster with a training run (not built yet)
-	@echo "make demo needs the replicated service, which is not built yet (issue: 'A replicated table service')." >&2
-	@echo "What exists today: the table engine (store/). Try 'make test' and 'make bench'." >&2
-	@exit 2
+demo: build ## a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost
+	bin/raftps demo
+
+# The numbers of docs/BENCHMARKS.md's cluster section: a fresh local 3-node
+# cluster, one 16-shard table, push/pull/mixed for BENCH_DURATION each.
+BENCH_DURATION ?= 20s
+bench-cluster: build ## raftps bench on a local 3-node cluster (push, pull, mixed; ~2 min)
+	@mkdir -p bin
+	@rm -rf bin/bench-cluster && bin/raftps cluster up --dir bin/bench-cluster --base-port 7601 >/dev/null
+	@trap 'bin/raftps cluster down --dir bin/bench-cluster >/dev/null' EXIT; \
+	export RAFTPS_CLUSTER=$$(cat bin/bench-cluster/addrs); \
+	bin/raftps table create bench --dim 64 --shards 16 --optimizer sgd >/dev/null; \
+	bin/raftps bench --table bench --workload push --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
+	for w in pull mixed; do \
+		bin/raftps bench --table bench --load=false --workload $$w --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
+	done 2>&1 | tee bin/bench-cluster.txt
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+protoc-installed:
+	@if ! protoc --version 2>/dev/null | grep -q '$(PROTOC_VERSION)'; then \
+		echo "installing protoc $(PROTOC_VERSION) from Debian (protobuf-compiler)"; \
+		apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null; \
+	fi
+	@protoc --version | grep -q '$(PROTOC_VERSION)' || { echo "protoc is $$(protoc --version), want $(PROTOC_VERSION)"; exit 1; }
+
+proto: protoc-installed $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate the gRPC code from the .proto files
+	@for p in $(PROTOS); do \
+		d=$$(dirname $$p); \
+		PATH=$(TOOLS):$$PATH protoc -I $$d --go_out=$$d --go_opt=paths=source_relative \
+			--go-grpc_out=$$d --go-grpc_opt=paths=source_relative $$(basename $$p); \
+	done
+
+proto-check: proto ## fail if the committed generated code differs from a fresh generation
+	@git diff --exit-code -- '*.pb.go' || { echo "generated code is stale: run make proto and commit"; exit 1; }
 
 clean: ## remove build output
 	rm -rf bin

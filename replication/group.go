@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/raftps/raftps/store"
+	"go.etcd.io/bbolt"
 )
 
 // RaftConfig configures one replica of any Raft group this package opens:
@@ -39,7 +40,15 @@ type RaftConfig struct {
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
-	CommitTimeout      time.Duration
+	// CommitTimeout is how often an idle leader sends each follower an
+	// AppendEntries so it learns the commit index (hashicorp/raft sends one
+	// every [CommitTimeout, 2×CommitTimeout] per follower, besides
+	// heartbeats). It costs CPU per group whether or not anything is written:
+	// at 5 ms a 16-shard table kept a third of a core busy on every node of
+	// an idle 3-node cluster (docs/BENCHMARKS.md). Under load entries carry
+	// the commit index anyway, so a longer timeout only delays when an idle
+	// follower applies the last entries.
+	CommitTimeout time.Duration
 
 	// Snapshots: taken every SnapshotInterval when SnapshotThreshold entries
 	// have accumulated; TrailingLogs entries stay after one for slow followers.
@@ -61,7 +70,7 @@ func DefaultRaftConfig() RaftConfig {
 		HeartbeatTimeout:   200 * time.Millisecond,
 		ElectionTimeout:    200 * time.Millisecond,
 		LeaderLeaseTimeout: 150 * time.Millisecond,
-		CommitTimeout:      5 * time.Millisecond,
+		CommitTimeout:      50 * time.Millisecond,
 		SnapshotThreshold:  4096,
 		SnapshotInterval:   30 * time.Second,
 		TrailingLogs:       1024,
@@ -120,6 +129,12 @@ type RaftReplica struct {
 	snaps *raft.FileSnapshotStore
 }
 
+// logCacheEntries is how many recent log entries each replica keeps in memory
+// for replication to followers. Shard entries are at most MaxEntryBytes, so the
+// cache costs at most logCacheEntries × MaxEntryBytes per group, and typically
+// a few MiB.
+const logCacheEntries = 16
+
 // OpenRaft starts a replica of a Raft group with fsm. If cfg.Dir holds Raft
 // state the replica resumes from it (restoring the latest snapshot and
 // replaying the log); otherwise, if cfg.Peers is set, it bootstraps the group.
@@ -131,9 +146,22 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
 	}
-	logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db"), NoSync: cfg.NoSync})
+	logs, err := raftboltdb.New(raftboltdb.Options{
+		Path:   filepath.Join(cfg.Dir, "raft.db"),
+		NoSync: cfg.NoSync,
+		BoltOptions: &bbolt.Options{
+			// Another process holding the file (a second server on the
+			// same data dir) is an error to report, not a lock to wait on.
+			Timeout: 2 * time.Second,
+			// The freelist is rebuilt by a scan on open instead of being
+			// written on every commit: a Raft log is small (snapshots
+			// truncate it) and commits are many.
+			NoFreelistSync: true,
+			FreelistType:   bbolt.FreelistMapType,
+		},
+	})
 	if err != nil {
-		return nil, fmt.Errorf("group %s: opening raft log: %w", cfg.ID, err)
+		return nil, fmt.Errorf("group %s: opening raft log %s: %w", cfg.ID, filepath.Join(cfg.Dir, "raft.db"), err)
 	}
 	fail := func(err error) (*RaftReplica, error) {
 		logs.Close()
@@ -168,7 +196,13 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 	if err != nil {
 		return fail(fmt.Errorf("reading raft state: %w", err))
 	}
-	r, err := raft.NewRaft(rc, fsm, logs, logs, snaps, cfg.Transport)
+	// The leader replicates entries it has just written: serve them from
+	// memory rather than reading and decoding them back from bolt.
+	cached, err := raft.NewLogCache(logCacheEntries, logs)
+	if err != nil {
+		return fail(err)
+	}
+	r, err := raft.NewRaft(rc, fsm, cached, logs, snaps, cfg.Transport)
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}

@@ -305,7 +305,9 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 		return fmt.Errorf("raftps client: pull of %d keys of table %q (dim %d) into %d values", len(keys), table, dim, len(out))
 	}
 	sp := splitKeys(keys, spec.Shards)
-	rows := make([][]float32, spec.Shards)
+	// Each shard's answer stays as wire bytes; rows are copied from them
+	// straight into out, once, below.
+	rows := make([][]byte, spec.Shards)
 	err = c.eachShard(sp, func(s uint32) error {
 		g := groupID(table, s)
 		req := &shardpb.PullRequest{Table: table, Shard: s, Keys: KeysBytes(sp.keys[s]), Consistency: level}
@@ -321,16 +323,17 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 			if len(resp.Values) != len(sp.keys[s])*dim*4 {
 				return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(resp.Values), len(sp.keys[s]), dim)
 			}
-			rows[s], err = DecodeValues(resp.Values, nil)
-			return err
+			rows[s] = resp.Values
+			return nil
 		})
 	})
 	if err != nil {
 		return fmt.Errorf("pull from table %q: %w", table, err)
 	}
+	outBytes, rowBytes := ValuesBytes(out), dim*4
 	for i := range keys {
 		s, j := sp.sh[i], sp.of[i]
-		copy(out[i*dim:(i+1)*dim], rows[s][j*dim:(j+1)*dim])
+		copy(outBytes[i*rowBytes:(i+1)*rowBytes], rows[s][j*rowBytes:(j+1)*rowBytes])
 	}
 	return nil
 }

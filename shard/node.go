@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sync"
@@ -32,7 +33,7 @@ type NodeConfig struct {
 	// both listened on and advertised to peers.
 	ID   string
 	Addr string
-	// HTTPAddr serves /healthz; empty disables it.
+	// HTTPAddr serves /healthz and /debug/pprof; empty disables it.
 	HTTPAddr string
 	// DataDir holds the metadata group and every shard replica, one directory
 	// each; a node restarted with the same DataDir resumes where it stopped.
@@ -301,6 +302,13 @@ func (n *Node) startHTTP() error {
 		return fmt.Errorf("node %s: http: %w", n.cfg.ID, err)
 	}
 	mux := http.NewServeMux()
+	// Profiles are how performance work starts (docs/BENCHMARKS.md); the
+	// HTTP port is an operator's port, like /metrics, not a client API.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if addr, _ := n.meta.Raft.LeaderWithID(); addr == "" {
 			http.Error(w, "no metadata leader", http.StatusServiceUnavailable)

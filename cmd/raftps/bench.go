@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,8 +63,20 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&bc.shards, "shards", 16, "shards (when bench creates the table)")
 	fs.StringVar(&bc.optimizer, "optimizer", "sgd", "optimizer (when bench creates the table)")
 	fs.BoolVar(&bc.load, "load", true, "push every key once before measuring")
+	cpuProfile := fs.String("cpuprofile", "", "write the bench client's CPU profile to this file")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fail(stderr, "bench", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(stderr, "bench", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if bc.workload != "pull" && bc.workload != "push" && bc.workload != "mixed" {
 		return fail(stderr, "bench", fmt.Errorf("--workload %q: want pull, push or mixed", bc.workload))
@@ -123,6 +137,13 @@ func benchmark(ctx context.Context, addrs []string, bc benchConfig, progress io.
 		}
 	}
 
+	// Batches are drawn before the clock starts: the load generator shares
+	// the machine's cores with the servers, and drawing 4096 distinct Zipf
+	// keys costs more than the pull it feeds.
+	batches := make([]clientBatches, bc.clients)
+	for w := range batches {
+		batches[w] = drawBatches(bc, uint64(w))
+	}
 	var rows, pushRows, pullRows, errs atomic.Int64
 	lats := make([][]time.Duration, bc.clients)
 	start := time.Now()
@@ -130,30 +151,17 @@ func benchmark(ctx context.Context, addrs []string, bc benchConfig, progress io.
 	var wg sync.WaitGroup
 	for w := range bc.clients {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			z := rand.NewZipf(rng, bc.zipf, 1, uint64(bc.keys-1))
-			keys := make([]uint64, bc.batch)
-			vals := make([]float32, bc.batch*bc.dim)
-			seen := make(map[uint64]bool, bc.batch)
+			bs := batches[w]
+			out := make([]float32, bc.batch*bc.dim)
 			for i := 0; time.Now().Before(deadline); i++ {
-				clear(seen)
-				for j := 0; j < bc.batch; {
-					if k := z.Uint64(); !seen[k] {
-						seen[k] = true
-						keys[j] = k
-						j++
-					}
-				}
+				keys := bs.keys[i%len(bs.keys)]
 				push := bc.workload == "push" || (bc.workload == "mixed" && i%2 == 0)
 				t0 := time.Now()
 				var err error
 				if push {
-					for c := range vals {
-						vals[c] = float32(rng.NormFloat64()) * 0.01
-					}
-					err = clients[w].Push(ctx, bc.table, keys, vals)
+					err = clients[w].Push(ctx, bc.table, keys, bs.grads)
 				} else {
-					err = clients[w].Pull(ctx, bc.table, keys, vals)
+					err = clients[w].Pull(ctx, bc.table, keys, out)
 				}
 				if err != nil {
 					errs.Add(1)
@@ -203,6 +211,38 @@ loop:
 		RowsPerS: float64(rows.Load()) / elapsed, PushRowsPerS: float64(pushRows.Load()) / elapsed, PullRowsPerS: float64(pullRows.Load()) / elapsed,
 		P50ms: q(0.5), P99ms: q(0.99), MaxMs: q(1), Errors: errs.Load(),
 	}, nil
+}
+
+// benchBatchesPerClient is how many distinct key batches each client cycles
+// through: enough that the hot set is not one batch's, few enough to draw
+// quickly.
+const benchBatchesPerClient = 64
+
+type clientBatches struct {
+	keys  [][]uint64 // each bc.batch distinct keys, Zipf-distributed
+	grads []float32  // bc.batch × dim small gradients, reused by every push
+}
+
+func drawBatches(bc benchConfig, seed uint64) clientBatches {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	z := rand.NewZipf(rng, bc.zipf, 1, uint64(bc.keys-1))
+	seen := make(map[uint64]bool, bc.batch)
+	cb := clientBatches{grads: make([]float32, bc.batch*bc.dim)}
+	for range benchBatchesPerClient {
+		clear(seen)
+		keys := make([]uint64, 0, bc.batch)
+		for len(keys) < bc.batch {
+			if k := z.Uint64(); !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+		cb.keys = append(cb.keys, keys)
+	}
+	for i := range cb.grads {
+		cb.grads[i] = float32(rng.NormFloat64()) * 0.01
+	}
+	return cb
 }
 
 // loadKeys pushes a zero gradient to every key once, so pulls read rows that

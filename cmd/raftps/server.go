@@ -31,6 +31,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Raft.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout: how long followers wait for a dead leader")
 	fs.DurationVar(&cfg.Raft.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.Raft.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
+	fs.DurationVar(&cfg.Raft.CommitTimeout, "commit-timeout", d.CommitTimeout, "how often an idle Raft leader tells followers the commit index (each costs CPU per group)")
 	fs.Uint64Var(&cfg.Raft.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
 	fs.Uint64Var(&cfg.Raft.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept after a snapshot")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", shard.DefaultMaxMessageBytes, "largest gRPC message accepted")

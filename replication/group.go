@@ -416,17 +416,50 @@ func (g *Group) watchLeadership() {
 			if !leader {
 				continue
 			}
-			term := g.raft.CurrentTerm()
-			if err := g.raft.Apply([]byte{cmdNoop}, g.cfg.ApplyTimeout).Error(); err != nil {
-				g.cfg.Logger.Warn("noop after election failed", "group", g.cfg.ID, "error", err)
-				continue
-			}
-			// Ready only if still leader in the same term; a later term gets
-			// its own notification and barrier.
+			g.becomeReady()
+		}
+	}
+}
+
+// becomeReady commits a noop of the current term and marks the term ready for
+// reads. A failed noop (a slow disk, say) is retried while this replica leads
+// in the same term: without it, linearizable reads would be refused until the
+// next election. A later term gets its own notification.
+func (g *Group) becomeReady() {
+	term := g.raft.CurrentTerm()
+	for g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
+		err := g.futureError(g.raft.VerifyLeader())
+		if err == nil {
 			if g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
 				g.readyTerm.Store(term)
 			}
+			return
 		}
+		if errors.Is(err, ErrGroupClosed) {
+			return
+		}
+		g.cfg.Logger.Warn("noop after election failed; retrying", "group", g.cfg.ID, "term", term, "error", err)
+		select {
+		case <-g.closed:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// futureError waits for f, or for the group to close. hashicorp/raft may drop
+// a future at shutdown without answering it (an entry committed but still
+// queued for the FSM), so waiting on f alone could make Close wait for ever.
+// The goroutine that waits on f is not counted in g.wg: if raft never answers
+// it stays parked, one per dropped future, which only happens at shutdown.
+func (g *Group) futureError(f raft.Future) error {
+	ch := make(chan error, 1)
+	go func() { ch <- f.Error() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-g.closed:
+		return g.closedErr()
 	}
 }
 
@@ -528,7 +561,7 @@ func (g *Group) complete(f raft.ApplyFuture, batch []*pending) {
 			p.done <- pushOutcome{err: err}
 		}
 	}
-	if err := f.Error(); err != nil {
+	if err := g.futureError(f); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // refused before it was logged
 			fail(g.notLeader())
 		} else {
@@ -598,8 +631,13 @@ func (g *Group) readIndex(ctx context.Context) error {
 	select {
 	case err := <-ch:
 		if err != nil {
-			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			switch {
+			case errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost):
 				return g.notLeader()
+			case errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, ErrGroupClosed):
+				return g.closedErr()
+			case errors.Is(err, raft.ErrLeadershipTransferInProgress):
+				return fmt.Errorf("group %s: %w: leadership transfer in progress", g.cfg.ID, ErrLeaderNotReady)
 			}
 			return fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, err)
 		}
@@ -636,7 +674,7 @@ func (g *Group) verifyLoop() {
 		if len(waiting) == 0 {
 			continue
 		}
-		err := g.raft.VerifyLeader().Error()
+		err := g.futureError(g.raft.VerifyLeader())
 		for _, ch := range waiting {
 			ch <- err
 		}

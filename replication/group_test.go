@@ -414,8 +414,16 @@ func TestGroupSnapshotCatchUp(t *testing.T) {
 	c.start(down, nil)
 	c.waitConverged(10 * time.Second)
 	w.check(t, c.groups[down].Table())
-	if st := c.groups[down].Raft().Stats(); st["last_snapshot_index"] == "0" {
-		t.Fatalf("follower caught up without a snapshot: %v", st)
+	// raft records the installed snapshot only after the FSM restored it, so
+	// the FSM can converge a moment before the stats show it.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := c.groups[down].Raft().Stats()
+		if st["last_snapshot_index"] != "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("follower caught up without a snapshot: %v", st)
+		}
 	}
 	// The installed snapshot carried the dedupe record: a retried old push
 	// through the new leader is a duplicate.

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -103,13 +104,27 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
-		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)))
+		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)),
+		// A peer that is stopped or cut off without a TCP reset would
+		// otherwise leave a pipeline stream blocked in Send on flow control,
+		// and raft's Shutdown waits for its replication goroutines.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}))
 	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}}, nil
 }
 
-// ServerOptions are what the node's grpc.Server needs for Raft traffic.
+// keepaliveTime is how often an idle connection to a peer is pinged, and how
+// long a ping may go unanswered before the connection is closed.
+const keepaliveTime = 2 * time.Second
+
+// ServerOptions are what the node's grpc.Server needs for Raft traffic: room
+// for a full AppendEntries, and permission for peers' keepalive pings (the
+// default policy would answer them with GOAWAY).
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRaftMessageBytes), grpc.MaxSendMsgSize(MaxRaftMessageBytes)}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxRaftMessageBytes), grpc.MaxSendMsgSize(MaxRaftMessageBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTime}),
+	}
 }
 
 // Register adds the Raft service to the node's gRPC server.
@@ -398,8 +413,10 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 	return f, nil
 }
 
+// receive answers in-flight appends in order. It never closes p.done: raft's
+// decoder may still be reading it after Close, and a receive from a closed
+// channel would hand it a nil future (raft's NetworkTransport does the same).
 func (p *pipeline) receive() {
-	defer close(p.done)
 	var broken error
 	for {
 		var f *appendFuture

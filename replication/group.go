@@ -428,7 +428,7 @@ func (g *Group) watchLeadership() {
 func (g *Group) becomeReady() {
 	term := g.raft.CurrentTerm()
 	for g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
-		err := g.futureError(g.raft.VerifyLeader())
+		err := g.futureError(g.raft.Apply([]byte{cmdNoop}, g.cfg.ApplyTimeout))
 		if err == nil {
 			if g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
 				g.readyTerm.Store(term)

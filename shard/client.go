@@ -20,12 +20,21 @@ import (
 type ClientConfig struct {
 	// Addrs are nodes to ask first; the client learns leaders from them.
 	Addrs []string
-	// ClientID identifies this client's pushes for deduplication; random if 0.
-	// Two clients must never share one.
+	// ClientID identifies this client's pushes for deduplication; random if 0
+	// (the safe choice). An ID must never be reused by another Client
+	// instance, at the same time or later (a restarted process included):
+	// every Client numbers its pushes from seq 1 again, so the nodes would
+	// take the new pushes for retries of the old ones and drop them as
+	// duplicates. Push returns ErrClientIDReused when it sees that happen.
 	ClientID uint64
 	// RetryTimeout bounds how long one Pull or Push keeps retrying through
 	// leader changes when the context has no earlier deadline (default 30s).
 	RetryTimeout time.Duration
+	// AttemptTimeout bounds one call to one node within those retries
+	// (default 10s), so a node that stopped answering without closing its
+	// connection costs one attempt, not the whole RetryTimeout. A timed-out
+	// push is retried with the same seq, so it is still applied at most once.
+	AttemptTimeout time.Duration
 	// MaxMessageBytes caps a message the client sends or receives (default 64 MiB).
 	MaxMessageBytes int
 }
@@ -57,6 +66,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = 30 * time.Second
+	}
+	if cfg.AttemptTimeout == 0 {
+		cfg.AttemptTimeout = 10 * time.Second
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
@@ -107,23 +119,30 @@ func retryable(err error) bool {
 		errors.Is(err, replication.ErrGroupClosed)
 }
 
+// maxBackoff caps the pause between retry rounds. A leader election takes a
+// few hundred milliseconds (heartbeat timeout plus a vote); a longer pause
+// would add most of its length to every failover a client sees.
+const maxBackoff = 50 * time.Millisecond
+
 // withRetry calls fn with candidate addresses until it succeeds, fails for
 // good, or ctx (bounded by RetryTimeout) ends. hint is tried first; a
-// NotLeader answer's leader is tried next.
-func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(addr string) error) error {
+// NotLeader answer's leader is tried next. fn must use the context it is
+// given, which bounds the attempt by AttemptTimeout as well.
+func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(ctx context.Context, addr string) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RetryTimeout)
 	defer cancel()
 	backoff := 5 * time.Millisecond
 	next := hint
+	redirected := false
 	var last error
-	for attempt := 0; ; attempt++ {
+	for round := 0; ; round++ {
 		addrs := c.cfg.Addrs
 		if next != "" {
 			addrs = append([]string{next}, addrs...)
 		}
 		next = ""
 		for _, addr := range addrs {
-			err := fn(addr)
+			err := c.attempt(ctx, addr, fn)
 			if err == nil {
 				if group != "" {
 					c.setLeader(group, addr)
@@ -142,16 +161,35 @@ func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(addr
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", attempt+1, ctx.Err(), last)
+			return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)
 		}
-		if next == "" {
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 200*time.Millisecond)
+		// Follow the first redirect at once: usually the leader changed and
+		// the hint is right. Every later round backs off, redirect or not: a
+		// leader that is not ready yet, with followers pointing at it, would
+		// otherwise be asked in a tight loop.
+		if next != "" && !redirected {
+			redirected = true
+			continue
 		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// attempt is one call of fn to one node, bounded by AttemptTimeout. Running
+// out of that time while ctx is still alive is retryable: the node may be
+// stopped, or cut off, without the connection noticing.
+func (c *Client) attempt(ctx context.Context, addr string, fn func(ctx context.Context, addr string) error) error {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	defer cancel()
+	err := fn(actx, addr)
+	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("raftps client: %s: %w: no answer within the attempt timeout %s (outcome unknown): %v", addr, ErrUnavailable, c.cfg.AttemptTimeout, err)
+	}
+	return err
 }
 
 func (c *Client) setLeader(group, addr string) {
@@ -170,7 +208,7 @@ func (c *Client) leader(group string) string {
 // It returns once the node that created it serves every shard.
 func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 	var out *shardpb.TableSpec
-	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(addr string) error {
+	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
 		s, err := c.stub(addr)
 		if err != nil {
 			return err
@@ -194,7 +232,7 @@ func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*sha
 // Describe returns a table's spec and leaders, and refreshes the leader cache.
 func (c *Client) Describe(ctx context.Context, name string) (*shardpb.DescribeTableResponse, error) {
 	var out *shardpb.DescribeTableResponse
-	err := c.withRetry(ctx, "", "", func(addr string) error {
+	err := c.withRetry(ctx, "", "", func(ctx context.Context, addr string) error {
 		s, err := c.stub(addr)
 		if err != nil {
 			return err
@@ -219,7 +257,7 @@ func (c *Client) Describe(ctx context.Context, name string) (*shardpb.DescribeTa
 // ListTables returns every table's spec.
 func (c *Client) ListTables(ctx context.Context) ([]*shardpb.TableSpec, error) {
 	var out []*shardpb.TableSpec
-	err := c.withRetry(ctx, "", "", func(addr string) error {
+	err := c.withRetry(ctx, "", "", func(ctx context.Context, addr string) error {
 		s, err := c.stub(addr)
 		if err != nil {
 			return err
@@ -311,7 +349,7 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 	err = c.eachShard(sp, func(s uint32) error {
 		g := groupID(table, s)
 		req := &shardpb.PullRequest{Table: table, Shard: s, Keys: KeysBytes(sp.keys[s]), Consistency: level}
-		return c.withRetry(ctx, g, c.leader(g), func(addr string) error {
+		return c.withRetry(ctx, g, c.leader(g), func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
@@ -365,15 +403,31 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 	}
 	err = c.eachShard(sp, func(s uint32) error {
 		g := groupID(table, s)
+		// Every attempt sends this same request, so a retry carries the same
+		// seq and is applied at most once.
 		req := &shardpb.PushRequest{Table: table, Shard: s, ClientId: c.cfg.ClientID, Seq: c.nextSeq(g),
 			Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s])}
-		return c.withRetry(ctx, g, c.leader(g), func(addr string) error {
+		// sent: an earlier attempt may have reached a leader's log. Only a
+		// NotLeader refusal proves it did not; until one may have, this seq
+		// is new to the cluster, and "duplicate" means another Client uses
+		// this ClientID.
+		sent := false
+		return c.withRetry(ctx, g, c.leader(g), func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
 			}
-			_, err = st.Push(ctx, req)
-			return err
+			resp, err := st.Push(ctx, req)
+			if err != nil {
+				if !errors.Is(fromStatus(err), replication.ErrNotLeader) {
+					sent = true
+				}
+				return err
+			}
+			if resp.Duplicate && !sent {
+				return fmt.Errorf("%w: %s answered that push seq %d of client %d was applied before, but this Client never sent it: another Client uses ClientID %d", ErrClientIDReused, addr, req.Seq, req.ClientId, req.ClientId)
+			}
+			return nil
 		})
 	})
 	if err != nil {

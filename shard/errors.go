@@ -12,13 +12,22 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Sentinel errors of the cluster layer.
+// Sentinel errors of the cluster layer. Each text is distinct from every
+// other sentinel's in codeOf, and no text contains another of the same code:
+// fromStatus tells them apart by the message alone.
 var (
-	ErrBadRequest        = errors.New("bad request")
+	// ErrBadRequest: the request is malformed (empty, ragged key bytes, ...).
+	// Not "bad request", which is replication.ErrBadRequest's text.
+	ErrBadRequest        = errors.New("invalid request")
 	ErrUnknownShard      = errors.New("unknown shard")
 	ErrRequestTooLarge   = errors.New("request too large")
 	ErrWeakerConsistency = errors.New("consistency weaker than the table's")
 	ErrUnavailable       = errors.New("unavailable")
+	// ErrClientIDReused: a node answered "duplicate" to a push this Client
+	// had never sent, so another Client (or an earlier process) used the
+	// same ClientID and its pushes shadow this one's. Raised by the client
+	// only; no node answers it.
+	ErrClientIDReused = errors.New("client ID reused")
 )
 
 // codeOf is the one table from errors to gRPC codes. The first sentinel the
@@ -44,6 +53,7 @@ var codeOf = []struct {
 	{ErrRequestTooLarge, codes.ResourceExhausted},
 	{ErrWeakerConsistency, codes.InvalidArgument},
 	{ErrUnavailable, codes.Unavailable},
+	{ErrClientIDReused, codes.FailedPrecondition},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }

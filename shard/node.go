@@ -18,6 +18,7 @@ import (
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -44,8 +45,9 @@ type NodeConfig struct {
 	// Raft is the template for every group's Raft settings; ID, NodeID, Dir,
 	// Transport and Peers are filled in per group.
 	Raft replication.RaftConfig
-	// MaxMessageBytes caps a gRPC message (default 64 MiB); larger requests
-	// are refused with ResourceExhausted.
+	// MaxMessageBytes caps a client API message (default 64 MiB); larger
+	// requests are refused with ResourceExhausted. Raft traffic on the same
+	// port has its own, larger limit (replication.MaxRaftMessageBytes).
 	MaxMessageBytes int
 	Logger          hclog.Logger
 }
@@ -106,6 +108,9 @@ type Node struct {
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
 
+	peerMu    sync.Mutex                  // guards peerConns
+	peerConns map[string]*grpc.ClientConn // client API connections to peers, by address
+
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
 	wg     sync.WaitGroup
@@ -133,27 +138,29 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
-		groups: map[string]*replication.Group{},
-		kick:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
+		groups:    map[string]*replication.Group{},
+		peerConns: map[string]*grpc.ClientConn{},
+		kick:      make(chan struct{}, 1),
+		closed:    make(chan struct{}),
 	}
 	n.mux, err = replication.NewMux(replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")})
 	if err != nil {
 		lis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	opts := append(replication.ServerOptions(),
-		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes))
+	// One server carries the client API and Raft traffic, and gRPC's limits
+	// are per server (the last option wins): they must admit the larger of
+	// the two, or a follower that fell behind could never receive a full
+	// AppendEntries. The client API handlers enforce MaxMessageBytes
+	// themselves (service.checkSize).
+	opts := replication.ServerOptions()
+	if cfg.MaxMessageBytes > replication.MaxRaftMessageBytes {
+		opts = append(opts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes))
+	}
 	n.server = grpc.NewServer(opts...)
 	n.mux.Register(n.server)
 	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
 	reflection.Register(n.server)
-	n.wg.Go(func() {
-		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.log.Error("grpc server stopped", "error", err)
-		}
-	})
-
 	n.metaFSM = newMetaFSM(n.kickReconcile)
 	tr, err := n.mux.Transport(metaGroupID)
 	if err != nil {
@@ -165,6 +172,15 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
+	// Serve only once the metadata group exists: every handler reads n.meta.
+	// Raft's first messages to peers fail until they serve too, and are
+	// retried.
+	n.wg.Go(func() {
+		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("grpc server stopped", "error", err)
+		}
+	})
+
 	n.wg.Go(n.reconcileLoop)
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
@@ -201,6 +217,28 @@ func (n *Node) Group(table string, shard uint32) *replication.Group {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	return n.groups[groupID(table, shard)]
+}
+
+// peerStub returns a client API stub for the node at addr, over a
+// connection kept until the node closes.
+func (n *Node) peerStub(addr string) (shardpb.ParameterServerClient, error) {
+	n.peerMu.Lock()
+	defer n.peerMu.Unlock()
+	select {
+	case <-n.closed:
+		return nil, errors.New("node closed")
+	default:
+	}
+	cc, ok := n.peerConns[addr]
+	if !ok {
+		var err error
+		cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("dialing %s: %w", addr, err)
+		}
+		n.peerConns[addr] = cc
+	}
+	return shardpb.NewParameterServerClient(cc), nil
 }
 
 // MetaRaft returns the metadata group's Raft instance.
@@ -352,6 +390,14 @@ func (n *Node) Close() error {
 		if n.server != nil {
 			n.server.Stop()
 		}
+		n.peerMu.Lock()
+		for addr, cc := range n.peerConns {
+			if err := cc.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("connection to %s: %w", addr, err))
+			}
+		}
+		n.peerConns = nil
+		n.peerMu.Unlock()
 		if n.mux != nil {
 			if err := n.mux.Close(); err != nil {
 				errs = append(errs, err)

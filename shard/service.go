@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
+	"google.golang.org/protobuf/proto"
 )
 
 // service implements shardpb.ParameterServerServer. Each handler checks the
@@ -19,13 +21,15 @@ type service struct {
 	n *Node
 }
 
-// lookupSpec returns the table's spec. A node that does not know the table
-// answers "unknown" only when its metadata is authoritative: as the metadata
-// leader after a barrier, or as a follower that has applied everything
-// committed and heard from the leader lately. Otherwise (just restarted, say)
-// it answers with a retryable error: for metadata requests a hint to the
-// metadata leader, for data requests ErrUnavailable.
-func (n *Node) lookupSpec(name string, metaRequest bool) (*shardpb.TableSpec, error) {
+// lookupSpec returns the table's spec. Only the metadata leader, after a
+// barrier, may answer that a table does not exist: a follower can miss a
+// CreateTable that was committed and acknowledged a moment ago however
+// recently it heard from the leader, since commits reach followers after the
+// leader answers. A follower that does not know the table answers with a
+// retryable error instead: for metadata requests a hint to the metadata
+// leader (the client follows it), for data requests ErrUnavailable, unless
+// the metadata leader, asked, says the table does not exist.
+func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*shardpb.TableSpec, error) {
 	if spec := n.metaFSM.table(name); spec != nil {
 		return spec, nil
 	}
@@ -34,7 +38,7 @@ func (n *Node) lookupSpec(name string, metaRequest bool) (*shardpb.TableSpec, er
 			addr, id := n.meta.Raft.LeaderWithID()
 			return nil, &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
 		}
-		return nil, fmt.Errorf("table %q: %w: node %s %v", name, ErrUnavailable, n.cfg.ID, err)
+		return nil, n.askMetaLeader(ctx, name, err)
 	}
 	if spec := n.metaFSM.table(name); spec != nil {
 		return spec, nil
@@ -43,30 +47,57 @@ func (n *Node) lookupSpec(name string, metaRequest bool) (*shardpb.TableSpec, er
 }
 
 // metaAuthoritative returns nil if this node's metadata includes every
-// committed change, or why it may not.
+// committed change, or why it may not. Only the leader can know: after a
+// barrier it has applied everything committed before the call.
 func (n *Node) metaAuthoritative() error {
 	r := n.meta.Raft
-	if r.State() == raft.Leader {
-		if err := r.Barrier(2 * time.Second).Error(); err != nil {
-			return fmt.Errorf("cannot confirm its metadata is current: %w", err)
-		}
-		return nil
+	if r.State() != raft.Leader {
+		return fmt.Errorf("is not the metadata leader")
 	}
-	if time.Since(r.LastContact()) > time.Second {
-		return fmt.Errorf("has not heard from the metadata leader lately")
-	}
-	// Not just the commit index: pure heartbeats carry none, so a follower
-	// restarted a moment ago has heard from the leader but not yet learnt what
-	// is committed. Everything in its log must be applied.
-	if r.AppliedIndex() < r.LastIndex() || r.AppliedIndex() < r.CommitIndex() {
-		return fmt.Errorf("is still applying metadata")
+	if err := r.Barrier(2 * time.Second).Error(); err != nil {
+		return fmt.Errorf("cannot confirm its metadata is current: %w", err)
 	}
 	return nil
 }
 
+// askMetaLeader answers a data request for a table this node, a metadata
+// follower, does not know (why: the reason it is not authoritative). A data
+// request cannot be redirected to the metadata leader, which need not hold
+// the shard's leader, so the node asks it: "unknown table" is final only on
+// the leader's word; anything else is ErrUnavailable, which the client
+// retries.
+func (n *Node) askMetaLeader(ctx context.Context, name string, why error) error {
+	unavailable := func(format string, args ...any) error {
+		return fmt.Errorf("table %q: %w: node %s does not know it and %v, and %s", name, ErrUnavailable, n.cfg.ID, why, fmt.Sprintf(format, args...))
+	}
+	addr, _ := n.meta.Raft.LeaderWithID()
+	if addr == "" || string(addr) == n.cfg.Addr {
+		return unavailable("no other metadata leader is known")
+	}
+	ps, err := n.peerStub(string(addr))
+	if err != nil {
+		return unavailable("cannot reach the metadata leader %s: %v", addr, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, metaAskTimeout)
+	defer cancel()
+	_, err = ps.DescribeTable(ctx, &shardpb.DescribeTableRequest{Name: name})
+	switch err = fromStatus(err); {
+	case err == nil:
+		return unavailable("the metadata leader %s has it: its creation is not applied here yet", addr)
+	case errors.Is(err, store.ErrUnknownTable):
+		return fmt.Errorf("table %q: %w (the metadata leader %s says so)", name, store.ErrUnknownTable, addr)
+	default:
+		return unavailable("the metadata leader %s did not say: %v", addr, err)
+	}
+}
+
+// metaAskTimeout bounds askMetaLeader's call; the leader's own barrier in
+// metaAuthoritative takes up to 2s.
+const metaAskTimeout = 3 * time.Second
+
 // groupFor finds this node's replica of table/shard and the table's spec.
-func (n *Node) groupFor(table string, shard uint32) (*replication.Group, *shardpb.TableSpec, error) {
-	spec, err := n.lookupSpec(table, false)
+func (n *Node) groupFor(ctx context.Context, table string, shard uint32) (*replication.Group, *shardpb.TableSpec, error) {
+	spec, err := n.lookupSpec(ctx, table, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -93,8 +124,27 @@ func levelRank(c shardpb.Consistency) int {
 	return 0
 }
 
+// checkSize refuses a request larger than MaxMessageBytes. The gRPC server
+// itself admits messages up to the larger Raft limit (see StartNode), so the
+// client API enforces its own limit here, before any work.
+func (s *service) checkSize(what string, req proto.Message) error {
+	if size := proto.Size(req); size > s.n.cfg.MaxMessageBytes {
+		return fmt.Errorf("%w: %s request of %d bytes is larger than max message size %d", ErrRequestTooLarge, what, size, s.n.cfg.MaxMessageBytes)
+	}
+	return nil
+}
+
 func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.PullResponse, error) {
-	g, spec, err := s.n.groupFor(req.Table, req.Shard)
+	if err := s.checkSize("pull", req); err != nil {
+		return nil, toStatus(err)
+	}
+	// Bounded staleness is not implemented yet (no tick entries, no staleness
+	// check), and normalizeSpec refuses bounded tables; refuse the level
+	// rather than serve it with an eventual table's weaker guarantee.
+	if req.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
+		return nil, toStatus(fmt.Errorf("%w: consistency %s is not available yet (linearizable or eventual)", ErrBadRequest, req.Consistency))
+	}
+	g, spec, err := s.n.groupFor(ctx, req.Table, req.Shard)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -116,14 +166,21 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
-	if err := g.Pull(ctx, keys, out, level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	// Anything but eventual takes the linearizable path: a bounded table
+	// (none can be created yet) is then served stronger than asked, which is
+	// always allowed, never weaker.
+	linearizable := level != shardpb.Consistency_CONSISTENCY_EVENTUAL
+	if err := g.Pull(ctx, keys, out, linearizable); err != nil {
 		return nil, toStatus(err)
 	}
 	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex()}, nil
 }
 
 func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.PushResponse, error) {
-	g, _, err := s.n.groupFor(req.Table, req.Shard)
+	if err := s.checkSize("push", req); err != nil {
+		return nil, toStatus(err)
+	}
+	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -143,6 +200,9 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 }
 
 func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableRequest) (*shardpb.CreateTableResponse, error) {
+	if err := s.checkSize("create-table", req); err != nil {
+		return nil, toStatus(err)
+	}
 	if req.Spec == nil {
 		return nil, toStatus(fmt.Errorf("%w: no table spec", ErrBadRequest))
 	}
@@ -176,8 +236,8 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 	return &shardpb.CreateTableResponse{Spec: spec}, nil
 }
 
-func (s *service) DescribeTable(_ context.Context, req *shardpb.DescribeTableRequest) (*shardpb.DescribeTableResponse, error) {
-	spec, err := s.n.lookupSpec(req.Name, true)
+func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableRequest) (*shardpb.DescribeTableResponse, error) {
+	spec, err := s.n.lookupSpec(ctx, req.Name, true)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,6 +85,16 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 			"--data-dir", filepath.Join(*dir, nd.ID, "data"), "--peers", strings.Join(peers, ",")}
 		nd.Args = append(nd.Args, strings.Fields(*extra)...)
 	}
+	// A port held by another process (often a node of another local
+	// cluster) would make this node exit, and the other process could
+	// answer in its place.
+	for _, nd := range c.Nodes {
+		for _, addr := range []string{nd.Addr, nd.HTTP} {
+			if err := portFree(addr); err != nil {
+				return fail(stderr, "cluster up", fmt.Errorf("%s cannot use %s: %w (another cluster running? 'raftps cluster down --dir DIR', or pick another --base-port)", nd.ID, addr, err))
+			}
+		}
+	}
 	if err := c.save(); err != nil {
 		return fail(stderr, "cluster up", err)
 	}
@@ -95,7 +106,8 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "started %s on %s (log %s)\n", nd.ID, nd.Addr, filepath.Join(*dir, nd.ID, "log"))
 	}
 	if err := c.waitServing(*wait, stderr); err != nil {
-		return fail(stderr, "cluster up", fmt.Errorf("%w (logs are in %s/n*/log)", err, *dir))
+		c.stopAll(stderr)
+		return fail(stderr, "cluster up", fmt.Errorf("%w (logs are in %s/n*/log; the nodes that started were stopped)", err, *dir))
 	}
 	fmt.Fprintf(stdout, "cluster of %d nodes serving at %s\n", len(c.Nodes), c.addrs())
 	fmt.Fprintf(stdout, "  export RAFTPS_CLUSTER=%s\n  raftps status\n  raftps cluster down --dir %s\n", c.addrs(), *dir)
@@ -240,8 +252,25 @@ func (c *localCluster) stopAll(stderr io.Writer) {
 	}
 }
 
-// waitServing waits until every running node answers Status and knows a
-// metadata leader.
+func portFree(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return l.Close()
+}
+
+// logTail returns the last lines of a node's log, for error messages.
+func (c *localCluster) logTail(id string, lines int) string {
+	b, _ := os.ReadFile(filepath.Join(c.Dir, id, "log"))
+	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// waitServing waits until every node that has a pid file runs, answers
+// Status as itself, and knows a metadata leader. A node that died is an
+// error (with the end of its log); a node killed on purpose (cluster kill)
+// has no pid file and is skipped.
 func (c *localCluster) waitServing(timeout time.Duration, stderr io.Writer) error {
 	cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(c.addrs(), ",")})
 	if err != nil {
@@ -254,11 +283,17 @@ func (c *localCluster) waitServing(timeout time.Duration, stderr io.Writer) erro
 		var waiting []string
 		for _, nd := range c.Nodes {
 			if _, alive := c.pid(nd.ID); !alive {
+				if _, err := os.Stat(filepath.Join(c.Dir, nd.ID, "pid")); err == nil {
+					return fmt.Errorf("%s exited; the end of its log:\n%s", nd.ID, c.logTail(nd.ID, 10))
+				}
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			st, err := cl.Status(ctx, nd.Addr)
 			cancel()
+			if err == nil && st.NodeId != nd.ID {
+				return fmt.Errorf("%s answers as node %q, not %s: another process holds the port", nd.Addr, st.NodeId, nd.ID)
+			}
 			if err != nil || len(st.Replicas) == 0 || st.Replicas[0].LeaderId == "" {
 				waiting = append(waiting, nd.ID)
 			}

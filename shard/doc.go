@@ -1,7 +1,32 @@
-// Package shard will own the cluster: node wiring, the meta group and
-// placement, consistent hashing, memberlist membership, failure repair and
-// rebalancing, hot-key detection and read replicas, the gRPC services (protos in
-// shard/shardpb), and shard.Client. It depends on store and replication. Not
-// built yet: see the issues "A replicated table service" and "The elastic
-// cluster", and ../shared/DESIGN.md.
+// Package shard is the cluster layer of raftps: the node process, the
+// metadata group, the gRPC service and the client.
+//
+// # What it owns
+//
+//   - Node (StartNode): one raftps server. It listens on one gRPC port that
+//     carries the client API (shardpb.ParameterServer), every Raft group's
+//     traffic (replication.Mux) and server reflection; it serves /healthz and
+//     /debug/pprof on an optional HTTP port.
+//   - The metadata group: a Raft group over the same nodes whose FSM (meta.go)
+//     holds the table specs. Every node opens a replica of every shard of
+//     every table it finds there (reconcileLoop). The cluster is static for
+//     now: --peers lists every node and every node holds every shard.
+//   - service: thin handlers. Each checks the request, calls the node or the
+//     shard's replication.Group, and converts the error with toStatus, the one
+//     table from sentinel errors to gRPC codes (errors.go). A request a
+//     follower cannot serve is refused with FailedPrecondition and a NotLeader
+//     detail naming the leader.
+//   - Client: dials any node, learns table specs and shard leaders, splits a
+//     batch by shard (ShardOf: a stable hash of the key), calls the shards in
+//     parallel, puts rows back in the caller's order, and retries through
+//     leader changes with the same (client, seq), so a push whose outcome was
+//     unknown is applied at most once.
+//
+// # Concurrency
+//
+// Node and Client methods are safe for concurrent use. A node's set of open
+// groups is guarded by Node.mu and only reconcileLoop adds to it. The
+// metadata FSM is applied on Raft's FSM goroutine; readers take its RWMutex.
+// The client's connection and leader caches are guarded by Client.mu; per
+// group sequence numbers are atomics.
 package shard

@@ -10,7 +10,7 @@ STATICCHECK := $(TOOLS)/staticcheck
 # Pinned: a newer staticcheck may add checks that fail verify without a code change.
 STATICCHECK_VERSION := v0.8.2
 # Packages whose tests exercise concurrency; they also run under -race.
-RACE_PKGS   := ./store/... ./replication/...
+RACE_PKGS   := ./store/... ./replication/... ./shard/... ./test/...
 # Go test output is kept here so failures can be read after the fact.
 TEST_LOG    := bin/test.log
 
@@ -116,7 +116,7 @@ proto: protoc-installed $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## re
 	done
 
 proto-check: proto ## fail if the committed generated code differs from a fresh generation
-	@git diff --exit-code -- '*.pb.go' || { echo "generated code is stale: run make proto and commit"; exit 1; }
+	@git diff --exit-code --stat -- '*.pb.go' || { echo "generated code is stale: run make proto and commit"; exit 1; }
 
 clean: ## remove build output
 	rm -rf bin

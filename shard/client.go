@@ -13,7 +13,9 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // ClientConfig configures a Client.
@@ -343,29 +345,56 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 		return fmt.Errorf("raftps client: pull of %d keys of table %q (dim %d) into %d values", len(keys), table, dim, len(out))
 	}
 	sp := splitKeys(keys, spec.Shards)
+	parts := make([]*shardpb.PullRequest, spec.Shards)
+	for s := range parts {
+		parts[s] = &shardpb.PullRequest{Table: table, Shard: uint32(s), Keys: KeysBytes(sp.keys[s]), Consistency: level}
+	}
 	// Each shard's answer stays as wire bytes; rows are copied from them
 	// straight into out, once, below.
 	rows := make([][]byte, spec.Shards)
-	err = c.eachShard(sp, func(s uint32) error {
-		g := groupID(table, s)
-		req := &shardpb.PullRequest{Table: table, Shard: s, Keys: KeysBytes(sp.keys[s]), Consistency: level}
-		return c.withRetry(ctx, g, c.leader(g), func(ctx context.Context, addr string) error {
+	checkRows := func(addr string, s uint32, values []byte) error {
+		if len(values) != len(sp.keys[s])*dim*4 {
+			return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(values), len(sp.keys[s]), dim)
+		}
+		rows[s] = values
+		return nil
+	}
+	batch := func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error) {
+		req := &shardpb.PullBatchRequest{Parts: make([]*shardpb.PullRequest, len(shards))}
+		for i, s := range shards {
+			req.Parts[i] = parts[s]
+		}
+		resp, err := st.PullBatch(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if len(resp.Parts) != len(shards) || len(resp.Errors) != len(shards) {
+			return nil, fmt.Errorf("raftps client: %s answered %d parts for %d", addr, len(resp.Parts), len(shards))
+		}
+		res := make([]partResult, len(shards))
+		for i, s := range shards {
+			if res[i] = retryPart(addr, resp.Errors[i]); res[i].err == nil {
+				if err := checkRows(addr, s, resp.Parts[i].Values); err != nil {
+					res[i] = partResult{err: err}
+				}
+			}
+		}
+		return res, nil
+	}
+	single := func(s uint32, hint string) error {
+		return c.withRetry(ctx, groupID(table, s), hint, func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
 			}
-			resp, err := st.Pull(ctx, req)
+			resp, err := st.Pull(ctx, parts[s])
 			if err != nil {
 				return err
 			}
-			if len(resp.Values) != len(sp.keys[s])*dim*4 {
-				return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(resp.Values), len(sp.keys[s]), dim)
-			}
-			rows[s] = resp.Values
-			return nil
+			return checkRows(addr, s, resp.Values)
 		})
-	})
-	if err != nil {
+	}
+	if err := c.fanOut(ctx, table, sp, batch, single, nil); err != nil {
 		return fmt.Errorf("pull from table %q: %w", table, err)
 	}
 	outBytes, rowBytes := ValuesBytes(out), dim*4
@@ -401,39 +430,166 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 			dst[c] += src[c]
 		}
 	}
-	err = c.eachShard(sp, func(s uint32) error {
-		g := groupID(table, s)
-		// Every attempt sends this same request, so a retry carries the same
-		// seq and is applied at most once.
-		req := &shardpb.PushRequest{Table: table, Shard: s, ClientId: c.cfg.ClientID, Seq: c.nextSeq(g),
-			Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s])}
-		// sent: an earlier attempt may have reached a leader's log. Only a
-		// NotLeader refusal proves it did not; until one may have, this seq
-		// is new to the cluster, and "duplicate" means another Client uses
-		// this ClientID.
-		sent := false
-		return c.withRetry(ctx, g, c.leader(g), func(ctx context.Context, addr string) error {
+	// Every attempt at a shard, batched or not, sends the same request, so
+	// a retry carries the same seq and is applied at most once.
+	parts := make([]*shardpb.PushRequest, spec.Shards)
+	for s := range parts {
+		if len(sp.keys[s]) > 0 {
+			parts[s] = &shardpb.PushRequest{Table: table, Shard: uint32(s), ClientId: c.cfg.ClientID, Seq: c.nextSeq(groupID(table, uint32(s))),
+				Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s])}
+		}
+	}
+	// sent[s]: an earlier attempt may have reached a leader's log. Only a
+	// NotLeader refusal proves it did not; until one may have, the seq is
+	// new to the cluster, and "duplicate" means another Client uses this
+	// ClientID. Each shard's entry is used by one goroutine at a time.
+	sent := make([]bool, spec.Shards)
+	duplicate := func(addr string, s uint32, dup bool) error {
+		if dup && !sent[s] {
+			req := parts[s]
+			return fmt.Errorf("%w: %s answered that push seq %d of client %d was applied before, but this Client never sent it: another Client uses ClientID %d", ErrClientIDReused, addr, req.Seq, req.ClientId, req.ClientId)
+		}
+		return nil
+	}
+	batch := func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error) {
+		req := &shardpb.PushBatchRequest{Parts: make([]*shardpb.PushRequest, len(shards))}
+		for i, s := range shards {
+			req.Parts[i] = parts[s]
+		}
+		resp, err := st.PushBatch(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if len(resp.Parts) != len(shards) || len(resp.Errors) != len(shards) {
+			return nil, fmt.Errorf("raftps client: %s answered %d parts for %d", addr, len(resp.Parts), len(shards))
+		}
+		res := make([]partResult, len(shards))
+		for i, s := range shards {
+			res[i] = retryPart(addr, resp.Errors[i])
+			if res[i].err == nil {
+				if err := duplicate(addr, s, resp.Parts[i].Duplicate); err != nil {
+					res[i] = partResult{err: err}
+				}
+			}
+			if res[i].err == nil || !errors.Is(res[i].err, replication.ErrNotLeader) {
+				sent[s] = true
+			}
+		}
+		return res, nil
+	}
+	single := func(s uint32, hint string) error {
+		return c.withRetry(ctx, groupID(table, s), hint, func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
 			}
-			resp, err := st.Push(ctx, req)
+			resp, err := st.Push(ctx, parts[s])
 			if err != nil {
 				if !errors.Is(fromStatus(err), replication.ErrNotLeader) {
-					sent = true
+					sent[s] = true
 				}
 				return err
 			}
-			if resp.Duplicate && !sent {
-				return fmt.Errorf("%w: %s answered that push seq %d of client %d was applied before, but this Client never sent it: another Client uses ClientID %d", ErrClientIDReused, addr, req.Seq, req.ClientId, req.ClientId)
-			}
-			return nil
+			return duplicate(addr, s, resp.Duplicate)
 		})
-	})
-	if err != nil {
+	}
+	// A batch call that failed as a whole may have reached the node.
+	failed := func(shards []uint32) {
+		for _, s := range shards {
+			sent[s] = true
+		}
+	}
+	if err := c.fanOut(ctx, table, sp, batch, single, failed); err != nil {
 		return fmt.Errorf("push to table %q: %w", table, err)
 	}
 	return nil
+}
+
+// partResult is what a batch call said of one shard's part: done (err nil),
+// failed for good, or worth retrying on the per-shard path, starting at hint.
+type partResult struct {
+	err   error
+	retry bool
+	hint  string
+}
+
+// retryPart reads a batch answer's error for one part. Every failure is
+// retried on the per-shard path, which gives up at once on one that is not
+// retryable: an error costs one more call, and the rules stay in withRetry.
+func retryPart(addr string, pe *shardpb.PartError) partResult {
+	if pe.GetCode() == 0 {
+		return partResult{}
+	}
+	st := status.New(codes.Code(pe.Code), pe.Message)
+	if pe.LeaderAddr != "" {
+		st, _ = st.WithDetails(&shardpb.NotLeader{LeaderAddr: pe.LeaderAddr})
+	}
+	hint := pe.LeaderAddr
+	if hint == "" {
+		hint = addr
+	}
+	return partResult{err: fromStatus(st.Err()), retry: true, hint: hint}
+}
+
+// fanOut sends the shards' parts of one Pull or Push: one batch call to each
+// node the client believes leads some of them, so a batch costs a round trip
+// per node rather than per shard. A part the batch did not complete (its node
+// no longer leads the shard, the call failed, no leader is known) goes
+// through the per-shard path, single, which retries through leader changes.
+// failed, if set, learns the shards of a batch call that failed as a whole.
+func (c *Client) fanOut(ctx context.Context, table string, sp *split,
+	batch func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error),
+	single func(s uint32, hint string) error, failed func(shards []uint32)) error {
+	byNode := map[string][]uint32{}
+	var unknown []uint32
+	for s := range sp.keys {
+		if len(sp.keys[s]) == 0 {
+			continue
+		}
+		if addr := c.leader(groupID(table, uint32(s))); addr != "" {
+			byNode[addr] = append(byNode[addr], uint32(s))
+		} else {
+			unknown = append(unknown, uint32(s))
+		}
+	}
+	errs := make([]error, len(sp.keys))
+	var wg sync.WaitGroup
+	for _, s := range unknown {
+		wg.Go(func() { errs[s] = single(s, "") })
+	}
+	for addr, shards := range byNode {
+		wg.Go(func() {
+			res, err := c.batchAttempt(ctx, addr, shards, batch)
+			if err != nil && failed != nil {
+				failed(shards)
+			}
+			for i, s := range shards {
+				switch {
+				case err != nil:
+					// Another node may know better; start from the list.
+					wg.Go(func() { errs[s] = single(s, "") })
+				case res[i].retry:
+					wg.Go(func() { errs[s] = single(s, res[i].hint) })
+				default:
+					errs[s] = res[i].err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// batchAttempt is one batch call to one node, bounded by AttemptTimeout.
+func (c *Client) batchAttempt(ctx context.Context, addr string, shards []uint32,
+	batch func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error)) ([]partResult, error) {
+	st, err := c.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	defer cancel()
+	return batch(actx, addr, st, shards)
 }
 
 func (c *Client) nextSeq(group string) uint64 {
@@ -445,18 +601,4 @@ func (c *Client) nextSeq(group string) uint64 {
 	}
 	c.mu.Unlock()
 	return s.Add(1)
-}
-
-// eachShard runs fn for every shard with keys, in parallel.
-func (c *Client) eachShard(sp *split, fn func(s uint32) error) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(sp.keys))
-	for s := range sp.keys {
-		if len(sp.keys[s]) == 0 {
-			continue
-		}
-		wg.Go(func() { errs[s] = fn(uint32(s)) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -197,6 +199,69 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 		return nil, toStatus(err)
 	}
 	return &shardpb.PushResponse{Duplicate: dup}, nil
+}
+
+// PullBatch serves each part as Pull would. Parts run concurrently, so the
+// leadership checks of linearizable parts of different groups overlap.
+func (s *service) PullBatch(ctx context.Context, req *shardpb.PullBatchRequest) (*shardpb.PullBatchResponse, error) {
+	if err := s.checkSize("pull batch", req); err != nil {
+		return nil, toStatus(err)
+	}
+	parts, errs := serveParts(ctx, req.Parts, s.Pull)
+	return &shardpb.PullBatchResponse{Parts: parts, Errors: errs}, nil
+}
+
+// PushBatch serves each part as Push would, concurrently: parts of different
+// shards go to different groups' batchers and logs.
+func (s *service) PushBatch(ctx context.Context, req *shardpb.PushBatchRequest) (*shardpb.PushBatchResponse, error) {
+	if err := s.checkSize("push batch", req); err != nil {
+		return nil, toStatus(err)
+	}
+	parts, errs := serveParts(ctx, req.Parts, s.Push)
+	return &shardpb.PushBatchResponse{Parts: parts, Errors: errs}, nil
+}
+
+// serveParts runs serve on every part concurrently. A failed part gets an
+// empty response and its status in errs (a repeated message field may hold
+// no nil); a part that succeeded gets a zero PartError.
+func serveParts[Req any, Resp any, PResp interface {
+	*Resp
+	proto.Message
+}](ctx context.Context, parts []Req, serve func(context.Context, Req) (PResp, error)) ([]PResp, []*shardpb.PartError) {
+	resps := make([]PResp, len(parts))
+	errs := make([]*shardpb.PartError, len(parts))
+	one := func(i int) {
+		r, err := serve(ctx, parts[i])
+		if r == nil {
+			r = PResp(new(Resp))
+		}
+		resps[i], errs[i] = r, partError(err)
+	}
+	if len(parts) == 1 {
+		one(0)
+		return resps, errs
+	}
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() { one(i) })
+	}
+	wg.Wait()
+	return resps, errs
+}
+
+// partError is the PartError of a handler's status error (nil: success).
+func partError(err error) *shardpb.PartError {
+	if err == nil {
+		return &shardpb.PartError{}
+	}
+	st := status.Convert(err)
+	pe := &shardpb.PartError{Code: uint32(st.Code()), Message: st.Message()}
+	for _, d := range st.Details() {
+		if nl, ok := d.(*shardpb.NotLeader); ok {
+			pe.LeaderAddr = nl.LeaderAddr
+		}
+	}
+	return pe
 }
 
 func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableRequest) (*shardpb.CreateTableResponse, error) {

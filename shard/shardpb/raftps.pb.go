@@ -454,6 +454,262 @@ func (x *PushResponse) GetDuplicate() bool {
 	return false
 }
 
+// PartError is a failed part of a batch: the gRPC code and message the
+// single call would have returned, and the leader a NotLeader refusal named.
+type PartError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	LeaderAddr    string                 `protobuf:"bytes,3,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartError) Reset() {
+	*x = PartError{}
+	mi := &file_raftps_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartError) ProtoMessage() {}
+
+func (x *PartError) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartError.ProtoReflect.Descriptor instead.
+func (*PartError) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PartError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PartError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PartError) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+type PullBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Parts         []*PullRequest         `protobuf:"bytes,1,rep,name=parts,proto3" json:"parts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullBatchRequest) Reset() {
+	*x = PullBatchRequest{}
+	mi := &file_raftps_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullBatchRequest) ProtoMessage() {}
+
+func (x *PullBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullBatchRequest.ProtoReflect.Descriptor instead.
+func (*PullBatchRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PullBatchRequest) GetParts() []*PullRequest {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+type PullBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One of each per request part, in order; a part failed iff its error's
+	// code is non-zero (its response is then empty).
+	Parts         []*PullResponse `protobuf:"bytes,1,rep,name=parts,proto3" json:"parts,omitempty"`
+	Errors        []*PartError    `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullBatchResponse) Reset() {
+	*x = PullBatchResponse{}
+	mi := &file_raftps_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullBatchResponse) ProtoMessage() {}
+
+func (x *PullBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullBatchResponse.ProtoReflect.Descriptor instead.
+func (*PullBatchResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PullBatchResponse) GetParts() []*PullResponse {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *PullBatchResponse) GetErrors() []*PartError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+type PushBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Parts         []*PushRequest         `protobuf:"bytes,1,rep,name=parts,proto3" json:"parts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushBatchRequest) Reset() {
+	*x = PushBatchRequest{}
+	mi := &file_raftps_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushBatchRequest) ProtoMessage() {}
+
+func (x *PushBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushBatchRequest.ProtoReflect.Descriptor instead.
+func (*PushBatchRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PushBatchRequest) GetParts() []*PushRequest {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+type PushBatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Parts         []*PushResponse        `protobuf:"bytes,1,rep,name=parts,proto3" json:"parts,omitempty"`
+	Errors        []*PartError           `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushBatchResponse) Reset() {
+	*x = PushBatchResponse{}
+	mi := &file_raftps_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushBatchResponse) ProtoMessage() {}
+
+func (x *PushBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushBatchResponse.ProtoReflect.Descriptor instead.
+func (*PushBatchResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PushBatchResponse) GetParts() []*PushResponse {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *PushBatchResponse) GetErrors() []*PartError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
 type CreateTableRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -463,7 +719,7 @@ type CreateTableRequest struct {
 
 func (x *CreateTableRequest) Reset() {
 	*x = CreateTableRequest{}
-	mi := &file_raftps_proto_msgTypes[5]
+	mi := &file_raftps_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +731,7 @@ func (x *CreateTableRequest) String() string {
 func (*CreateTableRequest) ProtoMessage() {}
 
 func (x *CreateTableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[5]
+	mi := &file_raftps_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +744,7 @@ func (x *CreateTableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTableRequest.ProtoReflect.Descriptor instead.
 func (*CreateTableRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{5}
+	return file_raftps_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateTableRequest) GetSpec() *TableSpec {
@@ -508,7 +764,7 @@ type CreateTableResponse struct {
 
 func (x *CreateTableResponse) Reset() {
 	*x = CreateTableResponse{}
-	mi := &file_raftps_proto_msgTypes[6]
+	mi := &file_raftps_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +776,7 @@ func (x *CreateTableResponse) String() string {
 func (*CreateTableResponse) ProtoMessage() {}
 
 func (x *CreateTableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[6]
+	mi := &file_raftps_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +789,7 @@ func (x *CreateTableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTableResponse.ProtoReflect.Descriptor instead.
 func (*CreateTableResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{6}
+	return file_raftps_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateTableResponse) GetSpec() *TableSpec {
@@ -552,7 +808,7 @@ type DescribeTableRequest struct {
 
 func (x *DescribeTableRequest) Reset() {
 	*x = DescribeTableRequest{}
-	mi := &file_raftps_proto_msgTypes[7]
+	mi := &file_raftps_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +820,7 @@ func (x *DescribeTableRequest) String() string {
 func (*DescribeTableRequest) ProtoMessage() {}
 
 func (x *DescribeTableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[7]
+	mi := &file_raftps_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +833,7 @@ func (x *DescribeTableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTableRequest.ProtoReflect.Descriptor instead.
 func (*DescribeTableRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{7}
+	return file_raftps_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DescribeTableRequest) GetName() string {
@@ -598,7 +854,7 @@ type DescribeTableResponse struct {
 
 func (x *DescribeTableResponse) Reset() {
 	*x = DescribeTableResponse{}
-	mi := &file_raftps_proto_msgTypes[8]
+	mi := &file_raftps_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +866,7 @@ func (x *DescribeTableResponse) String() string {
 func (*DescribeTableResponse) ProtoMessage() {}
 
 func (x *DescribeTableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[8]
+	mi := &file_raftps_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +879,7 @@ func (x *DescribeTableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTableResponse.ProtoReflect.Descriptor instead.
 func (*DescribeTableResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{8}
+	return file_raftps_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DescribeTableResponse) GetSpec() *TableSpec {
@@ -651,7 +907,7 @@ type ShardLeader struct {
 
 func (x *ShardLeader) Reset() {
 	*x = ShardLeader{}
-	mi := &file_raftps_proto_msgTypes[9]
+	mi := &file_raftps_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +919,7 @@ func (x *ShardLeader) String() string {
 func (*ShardLeader) ProtoMessage() {}
 
 func (x *ShardLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[9]
+	mi := &file_raftps_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +932,7 @@ func (x *ShardLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardLeader.ProtoReflect.Descriptor instead.
 func (*ShardLeader) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{9}
+	return file_raftps_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShardLeader) GetShard() uint32 {
@@ -708,7 +964,7 @@ type ListTablesRequest struct {
 
 func (x *ListTablesRequest) Reset() {
 	*x = ListTablesRequest{}
-	mi := &file_raftps_proto_msgTypes[10]
+	mi := &file_raftps_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +976,7 @@ func (x *ListTablesRequest) String() string {
 func (*ListTablesRequest) ProtoMessage() {}
 
 func (x *ListTablesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[10]
+	mi := &file_raftps_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +989,7 @@ func (x *ListTablesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTablesRequest.ProtoReflect.Descriptor instead.
 func (*ListTablesRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{10}
+	return file_raftps_proto_rawDescGZIP(), []int{15}
 }
 
 type ListTablesResponse struct {
@@ -745,7 +1001,7 @@ type ListTablesResponse struct {
 
 func (x *ListTablesResponse) Reset() {
 	*x = ListTablesResponse{}
-	mi := &file_raftps_proto_msgTypes[11]
+	mi := &file_raftps_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +1013,7 @@ func (x *ListTablesResponse) String() string {
 func (*ListTablesResponse) ProtoMessage() {}
 
 func (x *ListTablesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[11]
+	mi := &file_raftps_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +1026,7 @@ func (x *ListTablesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTablesResponse.ProtoReflect.Descriptor instead.
 func (*ListTablesResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{11}
+	return file_raftps_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListTablesResponse) GetTables() []*TableSpec {
@@ -788,7 +1044,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_raftps_proto_msgTypes[12]
+	mi := &file_raftps_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +1056,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[12]
+	mi := &file_raftps_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +1069,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{12}
+	return file_raftps_proto_rawDescGZIP(), []int{17}
 }
 
 type StatusResponse struct {
@@ -829,7 +1085,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_raftps_proto_msgTypes[13]
+	mi := &file_raftps_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1097,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[13]
+	mi := &file_raftps_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1110,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{13}
+	return file_raftps_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -895,7 +1151,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_raftps_proto_msgTypes[14]
+	mi := &file_raftps_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1163,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[14]
+	mi := &file_raftps_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1176,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{14}
+	return file_raftps_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -959,7 +1215,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_raftps_proto_msgTypes[15]
+	mi := &file_raftps_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1227,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[15]
+	mi := &file_raftps_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1240,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{15}
+	return file_raftps_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReplicaStatus) GetGroup() string {
@@ -1084,7 +1340,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_raftps_proto_msgTypes[16]
+	mi := &file_raftps_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1352,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[16]
+	mi := &file_raftps_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1365,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{16}
+	return file_raftps_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NotLeader) GetGroup() string {
@@ -1166,7 +1422,22 @@ const file_raftps_proto_rawDesc = "" +
 	"\x04keys\x18\x05 \x01(\fR\x04keys\x12\x14\n" +
 	"\x05grads\x18\x06 \x01(\fR\x05grads\",\n" +
 	"\fPushResponse\x12\x1c\n" +
-	"\tduplicate\x18\x01 \x01(\bR\tduplicate\">\n" +
+	"\tduplicate\x18\x01 \x01(\bR\tduplicate\"Z\n" +
+	"\tPartError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
+	"\vleader_addr\x18\x03 \x01(\tR\n" +
+	"leaderAddr\"@\n" +
+	"\x10PullBatchRequest\x12,\n" +
+	"\x05parts\x18\x01 \x03(\v2\x16.raftps.v1.PullRequestR\x05parts\"p\n" +
+	"\x11PullBatchResponse\x12-\n" +
+	"\x05parts\x18\x01 \x03(\v2\x17.raftps.v1.PullResponseR\x05parts\x12,\n" +
+	"\x06errors\x18\x02 \x03(\v2\x14.raftps.v1.PartErrorR\x06errors\"@\n" +
+	"\x10PushBatchRequest\x12,\n" +
+	"\x05parts\x18\x01 \x03(\v2\x16.raftps.v1.PushRequestR\x05parts\"p\n" +
+	"\x11PushBatchResponse\x12-\n" +
+	"\x05parts\x18\x01 \x03(\v2\x17.raftps.v1.PushResponseR\x05parts\x12,\n" +
+	"\x06errors\x18\x02 \x03(\v2\x14.raftps.v1.PartErrorR\x06errors\">\n" +
 	"\x12CreateTableRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\"?\n" +
 	"\x13CreateTableResponse\x12(\n" +
@@ -1218,10 +1489,12 @@ const file_raftps_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x17\n" +
 	"\x13CONSISTENCY_BOUNDED\x10\x02\x12\x18\n" +
-	"\x14CONSISTENCY_EVENTUAL\x10\x032\xaf\x03\n" +
+	"\x14CONSISTENCY_EVENTUAL\x10\x032\xbf\x04\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
-	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12L\n" +
+	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
+	"\tPullBatch\x12\x1b.raftps.v1.PullBatchRequest\x1a\x1c.raftps.v1.PullBatchResponse\x12F\n" +
+	"\tPushBatch\x12\x1b.raftps.v1.PushBatchRequest\x1a\x1c.raftps.v1.PushBatchResponse\x12L\n" +
 	"\vCreateTable\x12\x1d.raftps.v1.CreateTableRequest\x1a\x1e.raftps.v1.CreateTableResponse\x12R\n" +
 	"\rDescribeTable\x12\x1f.raftps.v1.DescribeTableRequest\x1a .raftps.v1.DescribeTableResponse\x12I\n" +
 	"\n" +
@@ -1241,7 +1514,7 @@ func file_raftps_proto_rawDescGZIP() []byte {
 }
 
 var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(*TableSpec)(nil),             // 1: raftps.v1.TableSpec
@@ -1249,46 +1522,61 @@ var file_raftps_proto_goTypes = []any{
 	(*PullResponse)(nil),          // 3: raftps.v1.PullResponse
 	(*PushRequest)(nil),           // 4: raftps.v1.PushRequest
 	(*PushResponse)(nil),          // 5: raftps.v1.PushResponse
-	(*CreateTableRequest)(nil),    // 6: raftps.v1.CreateTableRequest
-	(*CreateTableResponse)(nil),   // 7: raftps.v1.CreateTableResponse
-	(*DescribeTableRequest)(nil),  // 8: raftps.v1.DescribeTableRequest
-	(*DescribeTableResponse)(nil), // 9: raftps.v1.DescribeTableResponse
-	(*ShardLeader)(nil),           // 10: raftps.v1.ShardLeader
-	(*ListTablesRequest)(nil),     // 11: raftps.v1.ListTablesRequest
-	(*ListTablesResponse)(nil),    // 12: raftps.v1.ListTablesResponse
-	(*StatusRequest)(nil),         // 13: raftps.v1.StatusRequest
-	(*StatusResponse)(nil),        // 14: raftps.v1.StatusResponse
-	(*NodeInfo)(nil),              // 15: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 16: raftps.v1.ReplicaStatus
-	(*NotLeader)(nil),             // 17: raftps.v1.NotLeader
+	(*PartError)(nil),             // 6: raftps.v1.PartError
+	(*PullBatchRequest)(nil),      // 7: raftps.v1.PullBatchRequest
+	(*PullBatchResponse)(nil),     // 8: raftps.v1.PullBatchResponse
+	(*PushBatchRequest)(nil),      // 9: raftps.v1.PushBatchRequest
+	(*PushBatchResponse)(nil),     // 10: raftps.v1.PushBatchResponse
+	(*CreateTableRequest)(nil),    // 11: raftps.v1.CreateTableRequest
+	(*CreateTableResponse)(nil),   // 12: raftps.v1.CreateTableResponse
+	(*DescribeTableRequest)(nil),  // 13: raftps.v1.DescribeTableRequest
+	(*DescribeTableResponse)(nil), // 14: raftps.v1.DescribeTableResponse
+	(*ShardLeader)(nil),           // 15: raftps.v1.ShardLeader
+	(*ListTablesRequest)(nil),     // 16: raftps.v1.ListTablesRequest
+	(*ListTablesResponse)(nil),    // 17: raftps.v1.ListTablesResponse
+	(*StatusRequest)(nil),         // 18: raftps.v1.StatusRequest
+	(*StatusResponse)(nil),        // 19: raftps.v1.StatusResponse
+	(*NodeInfo)(nil),              // 20: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 21: raftps.v1.ReplicaStatus
+	(*NotLeader)(nil),             // 22: raftps.v1.NotLeader
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
 	0,  // 1: raftps.v1.PullRequest.consistency:type_name -> raftps.v1.Consistency
-	1,  // 2: raftps.v1.CreateTableRequest.spec:type_name -> raftps.v1.TableSpec
-	1,  // 3: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
-	1,  // 4: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
-	10, // 5: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	1,  // 6: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
-	15, // 7: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	16, // 8: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	2,  // 9: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
-	4,  // 10: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
-	6,  // 11: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
-	8,  // 12: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
-	11, // 13: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
-	13, // 14: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	3,  // 15: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	5,  // 16: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	7,  // 17: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	9,  // 18: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	12, // 19: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	14, // 20: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 2: raftps.v1.PullBatchRequest.parts:type_name -> raftps.v1.PullRequest
+	3,  // 3: raftps.v1.PullBatchResponse.parts:type_name -> raftps.v1.PullResponse
+	6,  // 4: raftps.v1.PullBatchResponse.errors:type_name -> raftps.v1.PartError
+	4,  // 5: raftps.v1.PushBatchRequest.parts:type_name -> raftps.v1.PushRequest
+	5,  // 6: raftps.v1.PushBatchResponse.parts:type_name -> raftps.v1.PushResponse
+	6,  // 7: raftps.v1.PushBatchResponse.errors:type_name -> raftps.v1.PartError
+	1,  // 8: raftps.v1.CreateTableRequest.spec:type_name -> raftps.v1.TableSpec
+	1,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
+	1,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
+	15, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
+	1,  // 12: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
+	20, // 13: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	21, // 14: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	2,  // 15: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
+	4,  // 16: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
+	7,  // 17: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
+	9,  // 18: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
+	11, // 19: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
+	13, // 20: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
+	16, // 21: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
+	18, // 22: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
+	3,  // 23: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	5,  // 24: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	8,  // 25: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	10, // 26: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	12, // 27: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	14, // 28: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	17, // 29: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	19, // 30: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	23, // [23:31] is the sub-list for method output_type
+	15, // [15:23] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_raftps_proto_init() }
@@ -1302,7 +1590,7 @@ func file_raftps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	ParameterServer_Pull_FullMethodName          = "/raftps.v1.ParameterServer/Pull"
 	ParameterServer_Push_FullMethodName          = "/raftps.v1.ParameterServer/Push"
+	ParameterServer_PullBatch_FullMethodName     = "/raftps.v1.ParameterServer/PullBatch"
+	ParameterServer_PushBatch_FullMethodName     = "/raftps.v1.ParameterServer/PushBatch"
 	ParameterServer_CreateTable_FullMethodName   = "/raftps.v1.ParameterServer/CreateTable"
 	ParameterServer_DescribeTable_FullMethodName = "/raftps.v1.ParameterServer/DescribeTable"
 	ParameterServer_ListTables_FullMethodName    = "/raftps.v1.ParameterServer/ListTables"
@@ -41,6 +43,13 @@ type ParameterServerClient interface {
 	// Push applies gradients to keys of one shard through the shard's Raft
 	// group; answered once applied. Idempotent per (client_id, seq).
 	Push(ctx context.Context, in *PushRequest, opts ...grpc.CallOption) (*PushResponse, error)
+	// PullBatch and PushBatch carry the parts of one client batch for every
+	// shard the client believes this node leads: one round trip per node
+	// instead of one per shard. Each part is served exactly as Pull or Push
+	// would serve it, concurrently, and answered on its own: one part's error
+	// (say, this node no longer leads that shard) does not fail the others.
+	PullBatch(ctx context.Context, in *PullBatchRequest, opts ...grpc.CallOption) (*PullBatchResponse, error)
+	PushBatch(ctx context.Context, in *PushBatchRequest, opts ...grpc.CallOption) (*PushBatchResponse, error)
 	CreateTable(ctx context.Context, in *CreateTableRequest, opts ...grpc.CallOption) (*CreateTableResponse, error)
 	DescribeTable(ctx context.Context, in *DescribeTableRequest, opts ...grpc.CallOption) (*DescribeTableResponse, error)
 	ListTables(ctx context.Context, in *ListTablesRequest, opts ...grpc.CallOption) (*ListTablesResponse, error)
@@ -70,6 +79,26 @@ func (c *parameterServerClient) Push(ctx context.Context, in *PushRequest, opts 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PushResponse)
 	err := c.cc.Invoke(ctx, ParameterServer_Push_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) PullBatch(ctx context.Context, in *PullBatchRequest, opts ...grpc.CallOption) (*PullBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullBatchResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_PullBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) PushBatch(ctx context.Context, in *PushBatchRequest, opts ...grpc.CallOption) (*PushBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushBatchResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_PushBatch_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +155,13 @@ type ParameterServerServer interface {
 	// Push applies gradients to keys of one shard through the shard's Raft
 	// group; answered once applied. Idempotent per (client_id, seq).
 	Push(context.Context, *PushRequest) (*PushResponse, error)
+	// PullBatch and PushBatch carry the parts of one client batch for every
+	// shard the client believes this node leads: one round trip per node
+	// instead of one per shard. Each part is served exactly as Pull or Push
+	// would serve it, concurrently, and answered on its own: one part's error
+	// (say, this node no longer leads that shard) does not fail the others.
+	PullBatch(context.Context, *PullBatchRequest) (*PullBatchResponse, error)
+	PushBatch(context.Context, *PushBatchRequest) (*PushBatchResponse, error)
 	CreateTable(context.Context, *CreateTableRequest) (*CreateTableResponse, error)
 	DescribeTable(context.Context, *DescribeTableRequest) (*DescribeTableResponse, error)
 	ListTables(context.Context, *ListTablesRequest) (*ListTablesResponse, error)
@@ -146,6 +182,12 @@ func (UnimplementedParameterServerServer) Pull(context.Context, *PullRequest) (*
 }
 func (UnimplementedParameterServerServer) Push(context.Context, *PushRequest) (*PushResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Push not implemented")
+}
+func (UnimplementedParameterServerServer) PullBatch(context.Context, *PullBatchRequest) (*PullBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PullBatch not implemented")
+}
+func (UnimplementedParameterServerServer) PushBatch(context.Context, *PushBatchRequest) (*PushBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushBatch not implemented")
 }
 func (UnimplementedParameterServerServer) CreateTable(context.Context, *CreateTableRequest) (*CreateTableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateTable not implemented")
@@ -212,6 +254,42 @@ func _ParameterServer_Push_Handler(srv interface{}, ctx context.Context, dec fun
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ParameterServerServer).Push(ctx, req.(*PushRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_PullBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).PullBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_PullBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).PullBatch(ctx, req.(*PullBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_PushBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).PushBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_PushBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).PushBatch(ctx, req.(*PushBatchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -302,6 +380,14 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Push",
 			Handler:    _ParameterServer_Push_Handler,
+		},
+		{
+			MethodName: "PullBatch",
+			Handler:    _ParameterServer_PullBatch_Handler,
+		},
+		{
+			MethodName: "PushBatch",
+			Handler:    _ParameterServer_PushBatch_Handler,
 		},
 		{
 			MethodName: "CreateTable",

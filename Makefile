@@ -90,10 +90,10 @@ bench-cluster: build ## raftps bench on a local 3-node cluster (push, pull, mixe
 	@trap 'bin/raftps cluster down --dir bin/bench-cluster >/dev/null' EXIT; \
 	export RAFTPS_CLUSTER=$$(cat bin/bench-cluster/addrs); \
 	bin/raftps table create bench --dim 64 --shards 16 --optimizer sgd >/dev/null; \
-	bin/raftps bench --table bench --workload push --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
-	for w in pull mixed; do \
+	{ bin/raftps bench --table bench --workload push --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
+	  for w in pull mixed; do \
 		bin/raftps bench --table bench --load=false --workload $$w --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
-	done 2>&1 | tee bin/bench-cluster.txt
+	  done; } 2>&1 | tee bin/bench-cluster.txt
 
 $(TOOLS)/protoc-gen-go:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

@@ -70,8 +70,9 @@ type Mux struct {
 	groups map[string]*Transport
 	closed bool
 
-	connMu sync.Mutex // guards conns
+	connMu sync.Mutex // guards conns and hbs
 	conns  map[raft.ServerAddress]*grpc.ClientConn
+	hbs    map[raft.ServerAddress]*heartbeats
 
 	stats MuxStats
 }
@@ -81,6 +82,8 @@ type MuxStats struct {
 	PipelinedAppends  atomic.Int64 // AppendEntries answered on pipeline streams
 	SnapshotsReceived atomic.Int64 // InstallSnapshot streams completed
 	SnapshotBytes     atomic.Int64 // snapshot bytes received
+	HeartbeatsSent    atomic.Int64 // heartbeats this node's groups sent
+	HeartbeatBatches  atomic.Int64 // messages that carried them
 }
 
 // Stats returns the Mux's counters.
@@ -109,7 +112,7 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		// otherwise leave a pipeline stream blocked in Send on flow control,
 		// and raft's Shutdown waits for its replication goroutines.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}))
-	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}}, nil
+	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
 }
 
 // keepaliveTime is how often an idle connection to a peer is pinged, and how
@@ -287,6 +290,9 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 }
 
 func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if isHeartbeat(args) {
+		return t.sendHeartbeat(target, args, resp)
+	}
 	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.AppendEntries(ctx, r)
 	})
@@ -308,6 +314,127 @@ func (t *Transport) TimeoutNow(_ raft.ServerID, target raft.ServerAddress, args 
 	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.TimeoutNow(ctx, r)
 	})
+}
+
+// sendHeartbeat sends a heartbeat through the peer's coalescer.
+func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if err := t.isClosed(); err != nil {
+		return err
+	}
+	payload, err := encode(args)
+	if err != nil {
+		return err
+	}
+	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload})
+	if err != nil {
+		return fmt.Errorf("raft group %q: heartbeat to %s: %w", t.group, target, err)
+	}
+	return decode(out, resp)
+}
+
+// heartbeats coalesces the heartbeats that this node's groups send to one
+// peer. The first goes out at once; those that arrive while a message is in
+// flight wait for it and go out together in the next. So a heartbeat waits
+// at most one round trip more, and a burst from N groups (a PullBatch
+// verifying leadership of every group it touches) costs one message, not N.
+//
+// Concurrency: mu guards queue and busy. At most one goroutine (run) sends
+// at a time; it exits when the queue is empty. It is not tracked by the Mux:
+// a message in flight when the Mux closes ends with its connection, or with
+// the transport timeout.
+type heartbeats struct {
+	m      *Mux
+	target raft.ServerAddress
+
+	mu    sync.Mutex
+	queue []*hbCall
+	busy  bool
+}
+
+type hbCall struct {
+	rpc  *transportpb.RPC
+	done chan hbResult
+}
+
+type hbResult struct {
+	msgpack []byte
+	err     error
+}
+
+func (m *Mux) heartbeatsTo(target raft.ServerAddress) *heartbeats {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	h := m.hbs[target]
+	if h == nil {
+		h = &heartbeats{m: m, target: target}
+		m.hbs[target] = h
+	}
+	return h
+}
+
+func (h *heartbeats) call(rpc *transportpb.RPC) ([]byte, error) {
+	c := &hbCall{rpc: rpc, done: make(chan hbResult, 1)}
+	h.mu.Lock()
+	h.queue = append(h.queue, c)
+	if !h.busy {
+		h.busy = true
+		go h.run()
+	}
+	h.mu.Unlock()
+	r := <-c.done
+	return r.msgpack, r.err
+}
+
+func (h *heartbeats) run() {
+	for {
+		h.mu.Lock()
+		batch := h.queue
+		h.queue = nil
+		if len(batch) == 0 {
+			h.busy = false
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Unlock()
+		h.send(batch)
+	}
+}
+
+func (h *heartbeats) send(batch []*hbCall) {
+	fail := func(err error) {
+		for _, c := range batch {
+			c.done <- hbResult{err: err}
+		}
+	}
+	client, err := h.m.client(h.target)
+	if err != nil {
+		fail(err)
+		return
+	}
+	req := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, len(batch))}
+	for i, c := range batch {
+		req.Rpcs[i] = c.rpc
+	}
+	h.m.stats.HeartbeatsSent.Add(int64(len(batch)))
+	h.m.stats.HeartbeatBatches.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), h.m.cfg.Timeout)
+	out, err := client.Heartbeats(ctx, req)
+	cancel()
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(out.Rpcs) != len(batch) {
+		fail(fmt.Errorf("peer answered %d heartbeats for %d", len(out.Rpcs), len(batch)))
+		return
+	}
+	for i, c := range batch {
+		if e := out.Rpcs[i].Error; e != "" {
+			c.done <- hbResult{err: errors.New(e)}
+		} else {
+			c.done <- hbResult{msgpack: out.Rpcs[i].Msgpack}
+		}
+	}
 }
 
 // InstallSnapshot streams the snapshot in 1 MiB chunks after the request.
@@ -575,6 +702,24 @@ func (s *muxServer) RequestPreVote(ctx context.Context, in *transportpb.RPC) (*t
 
 func (s *muxServer) TimeoutNow(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
 	return serveUnary[raft.TimeoutNowRequest](ctx, s.m, in)
+}
+
+// Heartbeats answers each group's heartbeat of a batch, concurrently, so a
+// group whose Raft is slow to answer delays only its own.
+func (s *muxServer) Heartbeats(ctx context.Context, in *transportpb.HeartbeatBatch) (*transportpb.HeartbeatBatch, error) {
+	out := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, len(in.Rpcs))}
+	var wg sync.WaitGroup
+	for i, r := range in.Rpcs {
+		wg.Go(func() {
+			resp, err := serveUnary[raft.AppendEntriesRequest](ctx, s.m, r)
+			if err != nil {
+				resp = &transportpb.RPC{Group: r.Group, Error: err.Error()}
+			}
+			out.Rpcs[i] = resp
+		})
+	}
+	wg.Wait()
+	return out, nil
 }
 
 // AppendEntriesPipeline answers a stream of AppendEntries in order.

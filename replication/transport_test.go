@@ -11,6 +11,7 @@ import (
 	"net"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -349,4 +350,74 @@ func TestTransportUnknownGroupAndClose(t *testing.T) {
 	if _, err := c.RequestVote(context.Background(), &transportpb.RPC{Group: "g", Msgpack: req}); status.Code(err) != codes.NotFound {
 		t.Fatalf("RPC to a closed group: %v", err)
 	}
+}
+
+// TestHeartbeatsCoalesce: heartbeats that groups send to one peer at the same
+// moment share messages, every one is answered by its own group's handler
+// (the answer carries the group's term back), and a heartbeat for a group the
+// peer does not hold fails alone while the others succeed.
+func TestHeartbeatsCoalesce(t *testing.T) {
+	a, b := startTestNode(t), startTestNode(t)
+	const groups, rounds = 8, 20
+	var senders []*Transport
+	for g := range groups {
+		name := fmt.Sprintf("g%d", g)
+		recv, err := b.mux.Transport(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A slow handler, so heartbeats pile up behind a message in flight.
+		recv.SetHeartbeatHandler(func(rpc raft.RPC) {
+			req := rpc.Command.(*raft.AppendEntriesRequest)
+			time.Sleep(2 * time.Millisecond)
+			rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, Success: true}, nil)
+		})
+		send, err := a.mux.Transport(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		senders = append(senders, send)
+	}
+	lost, err := a.mux.Transport("not-on-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := func(term uint64) *raft.AppendEntriesRequest {
+		return &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(a.addr)}, Term: term}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, groups*rounds+1)
+	for g, tr := range senders {
+		wg.Go(func() {
+			for r := range rounds {
+				term := uint64(1000*g + r + 1)
+				var resp raft.AppendEntriesResponse
+				if err := tr.AppendEntries("b", raft.ServerAddress(b.addr), hb(term), &resp); err != nil {
+					errs <- err
+				} else if resp.Term != term || !resp.Success {
+					errs <- fmt.Errorf("group %d sent term %d, got answer %+v", g, term, resp)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		var resp raft.AppendEntriesResponse
+		err := lost.AppendEntries("b", raft.ServerAddress(b.addr), hb(1), &resp)
+		if err == nil || !strings.Contains(err.Error(), "not-on-b") {
+			errs <- fmt.Errorf("heartbeat to a group the peer lacks: got %v, want an error naming it", err)
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	sent, msgs := a.mux.Stats().HeartbeatsSent.Load(), a.mux.Stats().HeartbeatBatches.Load()
+	if sent != groups*rounds+1 {
+		t.Fatalf("%d heartbeats counted, sent %d", sent, groups*rounds+1)
+	}
+	if msgs >= sent {
+		t.Fatalf("%d heartbeats took %d messages: none were coalesced", sent, msgs)
+	}
+	t.Logf("%d heartbeats in %d messages", sent, msgs)
 }

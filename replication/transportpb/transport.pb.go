@@ -27,9 +27,12 @@ const (
 )
 
 type RPC struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	Msgpack       []byte                 `protobuf:"bytes,2,opt,name=msgpack,proto3" json:"msgpack,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Group   string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Msgpack []byte                 `protobuf:"bytes,2,opt,name=msgpack,proto3" json:"msgpack,omitempty"`
+	// In a HeartbeatBatch answer: why this group's heartbeat failed (msgpack
+	// is then empty).
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -78,6 +81,57 @@ func (x *RPC) GetMsgpack() []byte {
 	return nil
 }
 
+func (x *RPC) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type HeartbeatBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rpcs          []*RPC                 `protobuf:"bytes,1,rep,name=rpcs,proto3" json:"rpcs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatBatch) Reset() {
+	*x = HeartbeatBatch{}
+	mi := &file_transport_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatBatch) ProtoMessage() {}
+
+func (x *HeartbeatBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatBatch.ProtoReflect.Descriptor instead.
+func (*HeartbeatBatch) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HeartbeatBatch) GetRpcs() []*RPC {
+	if x != nil {
+		return x.Rpcs
+	}
+	return nil
+}
+
 type SnapshotChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -89,7 +143,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_transport_proto_msgTypes[1]
+	mi := &file_transport_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +155,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_proto_msgTypes[1]
+	mi := &file_transport_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +168,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_transport_proto_rawDescGZIP(), []int{1}
+	return file_transport_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SnapshotChunk) GetGroup() string {
@@ -142,16 +196,21 @@ var File_transport_proto protoreflect.FileDescriptor
 
 const file_transport_proto_rawDesc = "" +
 	"\n" +
-	"\x0ftransport.proto\x12\x13raftps.transport.v1\"5\n" +
+	"\x0ftransport.proto\x12\x13raftps.transport.v1\"K\n" +
 	"\x03RPC\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
-	"\amsgpack\x18\x02 \x01(\fR\amsgpack\"S\n" +
+	"\amsgpack\x18\x02 \x01(\fR\amsgpack\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\">\n" +
+	"\x0eHeartbeatBatch\x12,\n" +
+	"\x04rpcs\x18\x01 \x03(\v2\x18.raftps.transport.v1.RPCR\x04rpcs\"S\n" +
 	"\rSnapshotChunk\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\arequest\x18\x02 \x01(\fR\arequest\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data2\xc3\x03\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data2\x9b\x04\n" +
 	"\rRaftTransport\x12C\n" +
-	"\rAppendEntries\x12\x18.raftps.transport.v1.RPC\x1a\x18.raftps.transport.v1.RPC\x12A\n" +
+	"\rAppendEntries\x12\x18.raftps.transport.v1.RPC\x1a\x18.raftps.transport.v1.RPC\x12V\n" +
+	"\n" +
+	"Heartbeats\x12#.raftps.transport.v1.HeartbeatBatch\x1a#.raftps.transport.v1.HeartbeatBatch\x12A\n" +
 	"\vRequestVote\x12\x18.raftps.transport.v1.RPC\x1a\x18.raftps.transport.v1.RPC\x12D\n" +
 	"\x0eRequestPreVote\x12\x18.raftps.transport.v1.RPC\x1a\x18.raftps.transport.v1.RPC\x12@\n" +
 	"\n" +
@@ -171,29 +230,33 @@ func file_transport_proto_rawDescGZIP() []byte {
 	return file_transport_proto_rawDescData
 }
 
-var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_transport_proto_goTypes = []any{
-	(*RPC)(nil),           // 0: raftps.transport.v1.RPC
-	(*SnapshotChunk)(nil), // 1: raftps.transport.v1.SnapshotChunk
+	(*RPC)(nil),            // 0: raftps.transport.v1.RPC
+	(*HeartbeatBatch)(nil), // 1: raftps.transport.v1.HeartbeatBatch
+	(*SnapshotChunk)(nil),  // 2: raftps.transport.v1.SnapshotChunk
 }
 var file_transport_proto_depIdxs = []int32{
-	0, // 0: raftps.transport.v1.RaftTransport.AppendEntries:input_type -> raftps.transport.v1.RPC
-	0, // 1: raftps.transport.v1.RaftTransport.RequestVote:input_type -> raftps.transport.v1.RPC
-	0, // 2: raftps.transport.v1.RaftTransport.RequestPreVote:input_type -> raftps.transport.v1.RPC
-	0, // 3: raftps.transport.v1.RaftTransport.TimeoutNow:input_type -> raftps.transport.v1.RPC
-	0, // 4: raftps.transport.v1.RaftTransport.AppendEntriesPipeline:input_type -> raftps.transport.v1.RPC
-	1, // 5: raftps.transport.v1.RaftTransport.InstallSnapshot:input_type -> raftps.transport.v1.SnapshotChunk
-	0, // 6: raftps.transport.v1.RaftTransport.AppendEntries:output_type -> raftps.transport.v1.RPC
-	0, // 7: raftps.transport.v1.RaftTransport.RequestVote:output_type -> raftps.transport.v1.RPC
-	0, // 8: raftps.transport.v1.RaftTransport.RequestPreVote:output_type -> raftps.transport.v1.RPC
-	0, // 9: raftps.transport.v1.RaftTransport.TimeoutNow:output_type -> raftps.transport.v1.RPC
-	0, // 10: raftps.transport.v1.RaftTransport.AppendEntriesPipeline:output_type -> raftps.transport.v1.RPC
-	0, // 11: raftps.transport.v1.RaftTransport.InstallSnapshot:output_type -> raftps.transport.v1.RPC
-	6, // [6:12] is the sub-list for method output_type
-	0, // [0:6] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0, // 0: raftps.transport.v1.HeartbeatBatch.rpcs:type_name -> raftps.transport.v1.RPC
+	0, // 1: raftps.transport.v1.RaftTransport.AppendEntries:input_type -> raftps.transport.v1.RPC
+	1, // 2: raftps.transport.v1.RaftTransport.Heartbeats:input_type -> raftps.transport.v1.HeartbeatBatch
+	0, // 3: raftps.transport.v1.RaftTransport.RequestVote:input_type -> raftps.transport.v1.RPC
+	0, // 4: raftps.transport.v1.RaftTransport.RequestPreVote:input_type -> raftps.transport.v1.RPC
+	0, // 5: raftps.transport.v1.RaftTransport.TimeoutNow:input_type -> raftps.transport.v1.RPC
+	0, // 6: raftps.transport.v1.RaftTransport.AppendEntriesPipeline:input_type -> raftps.transport.v1.RPC
+	2, // 7: raftps.transport.v1.RaftTransport.InstallSnapshot:input_type -> raftps.transport.v1.SnapshotChunk
+	0, // 8: raftps.transport.v1.RaftTransport.AppendEntries:output_type -> raftps.transport.v1.RPC
+	1, // 9: raftps.transport.v1.RaftTransport.Heartbeats:output_type -> raftps.transport.v1.HeartbeatBatch
+	0, // 10: raftps.transport.v1.RaftTransport.RequestVote:output_type -> raftps.transport.v1.RPC
+	0, // 11: raftps.transport.v1.RaftTransport.RequestPreVote:output_type -> raftps.transport.v1.RPC
+	0, // 12: raftps.transport.v1.RaftTransport.TimeoutNow:output_type -> raftps.transport.v1.RPC
+	0, // 13: raftps.transport.v1.RaftTransport.AppendEntriesPipeline:output_type -> raftps.transport.v1.RPC
+	0, // 14: raftps.transport.v1.RaftTransport.InstallSnapshot:output_type -> raftps.transport.v1.RPC
+	8, // [8:15] is the sub-list for method output_type
+	1, // [1:8] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_transport_proto_init() }
@@ -207,7 +270,7 @@ func file_transport_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_proto_rawDesc), len(file_transport_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

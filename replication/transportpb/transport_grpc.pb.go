@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	RaftTransport_AppendEntries_FullMethodName         = "/raftps.transport.v1.RaftTransport/AppendEntries"
+	RaftTransport_Heartbeats_FullMethodName            = "/raftps.transport.v1.RaftTransport/Heartbeats"
 	RaftTransport_RequestVote_FullMethodName           = "/raftps.transport.v1.RaftTransport/RequestVote"
 	RaftTransport_RequestPreVote_FullMethodName        = "/raftps.transport.v1.RaftTransport/RequestPreVote"
 	RaftTransport_TimeoutNow_FullMethodName            = "/raftps.transport.v1.RaftTransport/TimeoutNow"
@@ -37,6 +38,11 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type RaftTransportClient interface {
 	AppendEntries(ctx context.Context, in *RPC, opts ...grpc.CallOption) (*RPC, error)
+	// Heartbeats carries the heartbeats that several groups' leaders on one
+	// node send to the same peer at about the same moment (the leadership
+	// checks of a batch of reads, say): one message instead of one each. The
+	// answer has one RPC per request RPC, in order.
+	Heartbeats(ctx context.Context, in *HeartbeatBatch, opts ...grpc.CallOption) (*HeartbeatBatch, error)
 	RequestVote(ctx context.Context, in *RPC, opts ...grpc.CallOption) (*RPC, error)
 	RequestPreVote(ctx context.Context, in *RPC, opts ...grpc.CallOption) (*RPC, error)
 	TimeoutNow(ctx context.Context, in *RPC, opts ...grpc.CallOption) (*RPC, error)
@@ -58,6 +64,16 @@ func (c *raftTransportClient) AppendEntries(ctx context.Context, in *RPC, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RPC)
 	err := c.cc.Invoke(ctx, RaftTransport_AppendEntries_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *raftTransportClient) Heartbeats(ctx context.Context, in *HeartbeatBatch, opts ...grpc.CallOption) (*HeartbeatBatch, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatBatch)
+	err := c.cc.Invoke(ctx, RaftTransport_Heartbeats_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +141,11 @@ type RaftTransport_InstallSnapshotClient = grpc.ClientStreamingClient[SnapshotCh
 // for forward compatibility.
 type RaftTransportServer interface {
 	AppendEntries(context.Context, *RPC) (*RPC, error)
+	// Heartbeats carries the heartbeats that several groups' leaders on one
+	// node send to the same peer at about the same moment (the leadership
+	// checks of a batch of reads, say): one message instead of one each. The
+	// answer has one RPC per request RPC, in order.
+	Heartbeats(context.Context, *HeartbeatBatch) (*HeartbeatBatch, error)
 	RequestVote(context.Context, *RPC) (*RPC, error)
 	RequestPreVote(context.Context, *RPC) (*RPC, error)
 	TimeoutNow(context.Context, *RPC) (*RPC, error)
@@ -144,6 +165,9 @@ type UnimplementedRaftTransportServer struct{}
 
 func (UnimplementedRaftTransportServer) AppendEntries(context.Context, *RPC) (*RPC, error) {
 	return nil, status.Error(codes.Unimplemented, "method AppendEntries not implemented")
+}
+func (UnimplementedRaftTransportServer) Heartbeats(context.Context, *HeartbeatBatch) (*HeartbeatBatch, error) {
+	return nil, status.Error(codes.Unimplemented, "method Heartbeats not implemented")
 }
 func (UnimplementedRaftTransportServer) RequestVote(context.Context, *RPC) (*RPC, error) {
 	return nil, status.Error(codes.Unimplemented, "method RequestVote not implemented")
@@ -195,6 +219,24 @@ func _RaftTransport_AppendEntries_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RaftTransportServer).AppendEntries(ctx, req.(*RPC))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RaftTransport_Heartbeats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatBatch)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RaftTransportServer).Heartbeats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RaftTransport_Heartbeats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RaftTransportServer).Heartbeats(ctx, req.(*HeartbeatBatch))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -277,6 +319,10 @@ var RaftTransport_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AppendEntries",
 			Handler:    _RaftTransport_AppendEntries_Handler,
+		},
+		{
+			MethodName: "Heartbeats",
+			Handler:    _RaftTransport_Heartbeats_Handler,
 		},
 		{
 			MethodName: "RequestVote",

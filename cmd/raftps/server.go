@@ -25,7 +25,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	d := replication.DefaultRaftConfig()
 	fs.StringVar(&cfg.ID, "id", "", "this node's ID, unique in the cluster (required)")
 	fs.StringVar(&cfg.Addr, "addr", "", "gRPC address to listen on and advertise, e.g. 127.0.0.1:7001 (required)")
-	fs.StringVar(&cfg.HTTPAddr, "http", "", "HTTP address for /healthz (empty: none)")
+	fs.StringVar(&cfg.HTTPAddr, "http", "", "HTTP address for /healthz and /debug/pprof (empty: none)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for this node's Raft logs and snapshots (required)")
 	fs.StringVar(&peers, "peers", "", "every node of the cluster as ID=ADDR,... including this one (required)")
 	fs.DurationVar(&cfg.Raft.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout: how long followers wait for a dead leader")

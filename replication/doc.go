@@ -25,6 +25,15 @@
 // Group.Pull with linearizable set is a read-index read on the leader (see the
 // argument on Pull); otherwise any replica answers from what it has applied.
 //
+// # Transport
+//
+// Mux is a node's one Raft transport: every group's messages travel over the
+// node's gRPC server, each tagged with its group ID, over one connection per
+// peer (keepalive 2 s). Appends are unary or pipelined on a stream per group
+// and peer; heartbeats are handed to the group's heartbeat handler directly
+// and coalesced per peer when several groups send at once; snapshots stream
+// in 1 MiB chunks.
+//
 // # Concurrency
 //
 // Push, Pull and the accessors are safe for concurrent use. Raft calls the
@@ -32,7 +41,9 @@
 // snapshot is persisted on another goroutine while applies go on (store's
 // copy-on-write snapshots make that safe). Readers reach the table through an
 // atomic pointer that Restore swaps. Close stops the group's goroutines and
-// Raft; pushes still queued fail with ErrGroupClosed.
+// Raft; pushes still queued fail with ErrGroupClosed, and pushes whose entry
+// raft dropped at shutdown fail with ErrUnknownOutcome (raft may leave such a
+// future unanswered; the group never waits on one past Close).
 //
 // # Determinism
 //

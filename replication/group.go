@@ -307,7 +307,7 @@ type Group struct {
 	readyTerm atomic.Uint64
 
 	verifyMu   sync.Mutex
-	verifyWait []chan error // reads waiting for the next leadership check
+	verifyWait []verifyWaiter // reads waiting for the next leadership check
 	verifyKick chan struct{}
 
 	closeOnce sync.Once
@@ -594,10 +594,11 @@ func (g *Group) complete(f raft.ApplyFuture, batch []*pending) {
 // Why the read index is correct without a ReadIndex API in hashicorp/raft:
 // (1) readyTerm shows this leader has applied an entry of its own term, so its
 // commit index is at least that of any earlier leader; (2) the commit index is
-// read before the leadership check; (3) the check (VerifyLeader, a heartbeat
-// round answered by a majority) starts after that read, so at some moment
-// after the read began this node was still the only leader, and no write
-// acknowledged before the read began can be above that commit index;
+// read before the leadership check; (3) the check (confirmLeadership: a
+// majority answers, in this term, heartbeats sent after the read began) shows
+// that no leader of a later term was elected, so none acknowledged a write,
+// before the read began, and no write acknowledged before then can be above
+// that commit index;
 // (4) waiting until the FSM has applied that index makes every such write
 // visible.
 func (g *Group) Pull(ctx context.Context, keys []uint64, out []float32, linearizable bool) error {
@@ -619,10 +620,11 @@ func (g *Group) readIndex(ctx context.Context) error {
 	if term := g.readyTerm.Load(); term == 0 || term != g.raft.CurrentTerm() {
 		return fmt.Errorf("group %s: %w: still applying the log of earlier terms", g.cfg.ID, ErrLeaderNotReady)
 	}
+	term := g.readyTerm.Load()
 	ix := g.raft.CommitIndex()
 	ch := make(chan error, 1)
 	g.verifyMu.Lock()
-	g.verifyWait = append(g.verifyWait, ch)
+	g.verifyWait = append(g.verifyWait, verifyWaiter{term: term, ch: ch})
 	g.verifyMu.Unlock()
 	select {
 	case g.verifyKick <- struct{}{}:
@@ -632,6 +634,8 @@ func (g *Group) readIndex(ctx context.Context) error {
 	case err := <-ch:
 		if err != nil {
 			switch {
+			case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrLeaderNotReady) || errors.Is(err, ErrGroupClosed):
+				return err
 			case errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost):
 				return g.notLeader()
 			case errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, ErrGroupClosed):
@@ -660,8 +664,8 @@ func (g *Group) verifyLoop() {
 		case <-g.verifyKick:
 		case <-g.closed:
 			g.verifyMu.Lock()
-			for _, ch := range g.verifyWait {
-				ch <- g.closedErr()
+			for _, w := range g.verifyWait {
+				w.ch <- g.closedErr()
 			}
 			g.verifyWait = nil
 			g.verifyMu.Unlock()
@@ -674,9 +678,102 @@ func (g *Group) verifyLoop() {
 		if len(waiting) == 0 {
 			continue
 		}
-		err := g.futureError(g.raft.VerifyLeader())
-		for _, ch := range waiting {
-			ch <- err
+		term := g.raft.CurrentTerm()
+		err := g.confirmLeadership(term)
+		for _, w := range waiting {
+			if err == nil && w.term != term {
+				w.ch <- g.notLeader() // leadership changed since the read began
+				continue
+			}
+			w.ch <- err
 		}
 	}
+}
+
+// verifyWaiter is a read waiting for a leadership check: the term it was
+// ready in, and where to answer.
+type verifyWaiter struct {
+	term uint64
+	ch   chan error
+}
+
+// confirmLeadership returns nil once a majority of the voters, this replica
+// included, answered a heartbeat of term that was sent after the call: each
+// such follower was still in term when it answered, after the read began, so
+// no leader of a later term can have been elected (it needs a majority, which
+// would include one of them) and acknowledged a write before the read began.
+//
+// hashicorp/raft's VerifyLeader is not used: it counts any answer that
+// arrives after it was called, including the answer to a heartbeat or append
+// sent before, and such an answer, delayed in the network, could vouch for a
+// leader deposed in the meantime. The heartbeats here are ordinary ones
+// (term and leader only), which followers already receive every few tens of
+// milliseconds; they travel through the transport's per-peer coalescer.
+func (g *Group) confirmLeadership(term uint64) error {
+	self := g.cfg.NodeID
+	leaderAddr, leaderID := g.raft.LeaderWithID()
+	if leaderID != self || g.raft.CurrentTerm() != term {
+		return g.notLeader()
+	}
+	var peers []raft.Server
+	voters := 0
+	for _, s := range g.raft.GetConfiguration().Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		if s.ID != self {
+			peers = append(peers, s)
+		}
+	}
+	need := voters/2 + 1 - 1 // this replica is one of the majority
+	if need <= 0 {
+		return nil
+	}
+	tr := g.cfg.Transport
+	req := &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(self), Addr: tr.EncodePeer(self, leaderAddr)},
+		Term:      term,
+	}
+	// Buffered for every peer: the goroutines of peers that answer after
+	// the majority did (or never, until the transport's timeout) finish on
+	// their own.
+	results := make(chan *raft.AppendEntriesResponse, len(peers))
+	for _, p := range peers {
+		go func() {
+			var resp raft.AppendEntriesResponse
+			if err := tr.AppendEntries(p.ID, p.Address, req, &resp); err != nil {
+				results <- nil
+				return
+			}
+			results <- &resp
+		}()
+	}
+	confirmed, failed, newer := 0, 0, false
+	for range peers {
+		select {
+		case r := <-results:
+			switch {
+			case r != nil && r.Success && r.Term == term:
+				confirmed++
+			case r != nil && r.Term > term:
+				newer = true
+				failed++
+			default:
+				failed++
+			}
+		case <-g.closed:
+			return g.closedErr()
+		}
+		if confirmed >= need {
+			return nil
+		}
+		if failed > len(peers)-need {
+			break
+		}
+	}
+	if newer {
+		return g.notLeader()
+	}
+	return fmt.Errorf("group %s: %w: leadership in term %d not confirmed by a majority", g.cfg.ID, ErrLeaderNotReady, term)
 }

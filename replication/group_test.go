@@ -466,3 +466,39 @@ func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
 	}
 	w.check(t, l.Table())
 }
+
+// TestConfirmLeadership: the read-index check counts only answers in the
+// leader's own term to heartbeats it sends for the check. In its term it is
+// confirmed; asked to confirm a term it is no longer in, it says not leader;
+// with both followers gone it cannot be confirmed and says so, and a
+// linearizable pull is refused rather than answered by a lone node. (A
+// follower answering with a newer term is not staged here: it needs a
+// partition that heals before the old leader's lease runs out.)
+func TestConfirmLeadership(t *testing.T) {
+	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 2)))
+	l := c.groups[c.leader(5*time.Second)]
+	term := l.Raft().CurrentTerm()
+	if err := l.confirmLeadership(term); err != nil {
+		t.Fatalf("leader in term %d not confirmed: %v", term, err)
+	}
+	if term > 1 {
+		if err := l.confirmLeadership(term - 1); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("older term %d: got %v, want ErrNotLeader", term-1, err)
+		}
+	}
+	for i, g := range c.groups {
+		if g != l {
+			c.stop(i)
+		}
+	}
+	// The leader may not have noticed yet that it lost its followers.
+	if err := l.confirmLeadership(l.Raft().CurrentTerm()); err == nil {
+		t.Fatal("confirmed with no follower answering")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out := make([]float32, 2)
+	if err := l.Pull(ctx, []uint64{1}, out, true); err == nil {
+		t.Fatal("linearizable pull served by a leader cut off from every follower")
+	}
+}

@@ -1,0 +1,283 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Op is a reduction.
+type Op uint8
+
+const (
+	// Sum adds the buffers element-wise.
+	Sum Op = iota
+	// Mean adds the buffers and divides by the group size.
+	Mean
+)
+
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Mean:
+		return "mean"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// AllReduce reduces buf element-wise across all ranks, in place: on return
+// every rank's buf holds the same, bit-identical result. Every rank must
+// call it with a buffer of the same length and the same op. See the package
+// documentation for the algorithms and the determinism guarantee.
+//
+// ctx cancels the operation (which breaks the group); a peer that fails or
+// is silent for Config.Timeout makes it fail with a *PeerError.
+func (g *Group) AllReduce(ctx context.Context, buf []float32, op Op) error {
+	if op > Mean {
+		return fmt.Errorf("collective: rank %d allreduce: %w: unknown op %d", g.cfg.Rank, ErrConfig, op)
+	}
+	algo := g.algorithmFor(len(buf))
+	code := uint8(opRing)
+	if algo == RecursiveDoubling {
+		code = opRecursive
+	}
+	s, err := g.begin(ctx, "allreduce", code, len(buf))
+	if err != nil {
+		return err
+	}
+	if len(g.peers) == 1 {
+		return g.end(nil) // dividing by 1 changes nothing
+	}
+	if algo == RecursiveDoubling {
+		err = s.recursiveDoubling(buf, op)
+	} else {
+		err = s.ring(buf, op)
+	}
+	if err != nil {
+		err = g.firstErr(err)
+	}
+	return g.end(err)
+}
+
+// algorithmFor returns the algorithm AllReduce uses for n elements. It
+// depends only on n and the Config, which the handshake checked is the same
+// on every rank, so all ranks choose alike.
+func (g *Group) algorithmFor(n int) Algorithm {
+	switch g.cfg.Algorithm {
+	case Ring, RecursiveDoubling:
+		return g.cfg.Algorithm
+	}
+	if g.cfg.SmallBytes >= 0 && 4*int64(n) <= int64(g.cfg.SmallBytes) {
+		return RecursiveDoubling
+	}
+	return Ring
+}
+
+// segment returns the bounds of segment j (taken mod n) when l elements
+// are split into n nearly equal segments.
+func segment(j, n, l int) (lo, hi int) {
+	j = ((j % n) + n) % n
+	return int(int64(j) * int64(l) / int64(n)), int(int64(j+1) * int64(l) / int64(n))
+}
+
+// ring runs the ring allreduce: n-1 reduce-scatter steps then n-1 allgather
+// steps. At step t rank r sends segment r-t to r+1 and receives segment
+// r-1-t from r-1 (mod n): during reduce-scatter it adds what it receives to
+// its own segment; during allgather it copies it. Each segment travels as
+// frames of at most ChunkBytes, and within a step sending runs in its own
+// goroutine while this one receives and reduces, so sending chunk k overlaps
+// reducing chunk k-1. Steps are in lockstep on each rank (the sender of step
+// t+1 starts after step t is fully received), which costs about one chunk
+// of latency per step.
+//
+// Segment j is reduced along the chain j, j+1, ..., j-1: rank j+i computes
+// (x_j + ... + x_{j+i-1}) + x_{j+i}, and rank j-1 ends with the full sum (and
+// for Mean divides it by n). The allgather then copies those bytes to every
+// rank, so all ranks hold bit-identical results.
+func (s *opState) ring(buf []float32, op Op) error {
+	g := s.g
+	n, r, l := len(g.peers), g.cfg.Rank, len(buf)
+	right, left := g.peers[(r+1)%n], g.peers[(r-1+n)%n]
+	chunk := g.cfg.ChunkBytes / 4
+	scratch := g.scratchFloats(min(chunk, l/n+1))
+	for t := 0; t < 2*(n-1); t++ {
+		sLo, sHi := segment(r-t, n, l)
+		rLo, rHi := segment(r-1-t, n, l)
+		var wg sync.WaitGroup
+		var sendErr error
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sendErr = s.sendChunks(right, t, buf[sLo:sHi], chunk)
+			if sendErr != nil {
+				g.fail(sendErr)
+			}
+		}()
+		dst := buf[rLo:rHi]
+		var recvErr error
+		for k := 0; ; k++ {
+			lo := k * chunk
+			hi := min(lo+chunk, len(dst))
+			c := dst[lo:hi]
+			if t < n-1 {
+				in := scratch[:len(c)]
+				if recvErr = s.recv(left, t, in); recvErr != nil {
+					break
+				}
+				addInto(c, in)
+				if t == n-2 && op == Mean {
+					divide(c, float32(n))
+				}
+			} else if recvErr = s.recv(left, t, c); recvErr != nil {
+				break
+			}
+			if testHookRecv != nil {
+				testHookRecv(g, t)
+			}
+			if hi == len(dst) {
+				break
+			}
+		}
+		if recvErr != nil {
+			g.fail(recvErr)
+		}
+		wg.Wait()
+		if recvErr != nil {
+			return recvErr
+		}
+		if sendErr != nil {
+			return sendErr
+		}
+	}
+	return nil
+}
+
+// testHookRecv, if set (by tests only, before any group exists), is called
+// by the ring after each chunk it receives.
+var testHookRecv func(g *Group, step int)
+
+// sendChunks sends seg as frames of at most chunk elements (one empty frame
+// if seg is empty, so that a rank whose buffer length differs is detected).
+func (s *opState) sendChunks(p *peer, step int, seg []float32, chunk int) error {
+	for lo := 0; ; lo += chunk {
+		hi := min(lo+chunk, len(seg))
+		if err := s.send(p, step, seg[lo:hi]); err != nil {
+			return err
+		}
+		if hi == len(seg) {
+			return nil
+		}
+	}
+}
+
+// recursiveDoubling runs recursive doubling, log2(p) exchanges of the whole
+// buffer, p the largest power of two <= n. When n is not a power of two, the
+// first 2(n-p) ranks pair up first: each even rank among them sends its
+// buffer to the next odd rank, sits out, and gets the result back at the
+// end. In every addition the operand from the lower ranks comes first, and
+// both partners of an exchange add the same two values, so every rank
+// computes bit-identical sums (even NaN payloads agree).
+func (s *opState) recursiveDoubling(buf []float32, op Op) error {
+	g := s.g
+	n, r := len(g.peers), s.g.cfg.Rank
+	p := 1
+	for p*2 <= n {
+		p *= 2
+	}
+	rem := n - p
+	scratch := g.scratchFloats(len(buf))
+	step := 0
+	v := r - rem // virtual rank among the p ranks that exchange
+	if r < 2*rem {
+		if r%2 == 0 {
+			if err := s.send(g.peers[r+1], step, buf); err != nil {
+				return err
+			}
+			return s.recv(g.peers[r+1], step+1, buf)
+		}
+		if err := s.recv(g.peers[r-1], step, scratch); err != nil {
+			return err
+		}
+		addInto(buf, scratch) // buf = x_{r-1} + x_r
+		v = r / 2
+	}
+	real := func(v int) int {
+		if v < rem {
+			return 2*v + 1
+		}
+		return v + rem
+	}
+	for mask := 1; mask < p; mask <<= 1 {
+		step++
+		pv := v ^ mask
+		if err := s.exchange(g.peers[real(pv)], step, buf, scratch); err != nil {
+			return err
+		}
+		if pv < v {
+			addInto(buf, scratch) // buf = theirs + mine
+		} else {
+			addAfter(buf, scratch) // buf = mine + theirs
+		}
+	}
+	if op == Mean {
+		divide(buf, float32(n))
+	}
+	if r < 2*rem {
+		return s.send(g.peers[r-1], 1, buf)
+	}
+	return nil
+}
+
+// exchange sends out to p and receives p's frame into in, concurrently (a
+// large frame may not fit in the socket buffers, so both sides writing
+// first would deadlock).
+func (s *opState) exchange(p *peer, step int, out, in []float32) error {
+	if len(out)*4 <= smallWrite {
+		if err := s.send(p, step, out); err != nil {
+			return err
+		}
+		return s.recv(p, step, in)
+	}
+	var wg sync.WaitGroup
+	var sendErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if sendErr = s.send(p, step, out); sendErr != nil {
+			s.g.fail(sendErr)
+		}
+	}()
+	recvErr := s.recv(p, step, in)
+	if recvErr != nil {
+		s.g.fail(recvErr)
+	}
+	wg.Wait()
+	if recvErr != nil {
+		return recvErr
+	}
+	return sendErr
+}
+
+// addInto sets dst[i] = src[i] + dst[i] (the operand order matters only for
+// NaN payloads, but it is fixed).
+func addInto(dst, src []float32) {
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] = src[i] + dst[i]
+	}
+}
+
+// addAfter sets dst[i] = dst[i] + src[i].
+func addAfter(dst, src []float32) {
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] = dst[i] + src[i]
+	}
+}
+
+func divide(dst []float32, d float32) {
+	for i := range dst {
+		dst[i] /= d
+	}
+}

@@ -10,7 +10,7 @@ import (
 )
 
 // benchSizes are the buffer sizes of BenchmarkAllReduce, in bytes.
-var benchSizes = []int{8, 64 << 10, 4 << 20, 64 << 20}
+var benchSizes = []int{8, 64 << 10, 4 << 20, 64 << 20, 256 << 20}
 
 // benchAllReduce times b.N AllReduces of size bytes on every rank and
 // reports algorithm and bus bandwidth as nccl-tests defines them:
@@ -43,7 +43,7 @@ func benchAllReduce(b *testing.B, n, size int, mod func(*Config)) {
 }
 
 func BenchmarkAllReduce(b *testing.B) {
-	for _, n := range []int{2, 4} {
+	for _, n := range []int{2, 4, 8} {
 		for _, size := range benchSizes {
 			b.Run(fmt.Sprintf("N=%d/%s", n, byteSize(size)), func(b *testing.B) {
 				benchAllReduce(b, n, size, nil)
@@ -72,7 +72,7 @@ func BenchmarkAllReduceCrossover(b *testing.B) {
 // per-stream rate, which is what busbw of the ring should be compared with,
 // and the aggregate.
 func BenchmarkLoopbackTCP(b *testing.B) {
-	for _, n := range []int{2, 4} {
+	for _, n := range []int{2, 4, 8} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			const total = 64 << 20 // bytes per stream per iteration
 			ln, err := net.Listen("tcp", "127.0.0.1:0")

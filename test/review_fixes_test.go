@@ -233,7 +233,15 @@ func TestReviewUnknownTable(t *testing.T) {
 	ctx := context.Background()
 	k := shard.KeysBytes([]uint64{1})
 	for i, addr := range c.Addrs() {
-		_, err := rawStub(t, addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: shard.ValuesBytes([]float32{1})})
+		// A node that does not know the metadata leader yet (just started)
+		// answers Unavailable, which is retryable; once it does, NotFound.
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			_, err = rawStub(t, addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: shard.ValuesBytes([]float32{1})})
+			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+				break
+			}
+		}
 		if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), `"nope"`) {
 			t.Errorf("node %d: push to a missing table: got %v, want NotFound", i, err)
 		}

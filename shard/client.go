@@ -12,10 +12,12 @@ import (
 
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // ClientConfig configures a Client.
@@ -208,19 +210,34 @@ func (c *Client) leader(group string) string {
 
 // CreateTable creates a table and returns its spec with defaults filled in.
 // It returns once the node that created it serves every shard.
+//
+// An attempt whose outcome is unknown (a timeout, a leader change) is retried;
+// if the retry finds the table already there with the spec this call asked
+// for, that is this call's table, and CreateTable succeeds.
 func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 	var out *shardpb.TableSpec
+	maybeCreated := false // an earlier attempt may have created the table
 	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
 		s, err := c.stub(addr)
 		if err != nil {
 			return err
 		}
 		resp, err := s.CreateTable(ctx, &shardpb.CreateTableRequest{Spec: spec})
-		if err != nil {
-			return err
+		if err == nil {
+			out = resp.Spec
+			return nil
 		}
-		out = resp.Spec
-		return nil
+		rerr := fromStatus(err)
+		if maybeCreated && errors.Is(rerr, store.ErrTableExists) {
+			if existing := c.sameTable(ctx, s, spec); existing != nil {
+				out = existing
+				return nil
+			}
+		}
+		if !errors.Is(rerr, replication.ErrNotLeader) {
+			maybeCreated = true
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -229,6 +246,20 @@ func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*sha
 	c.tables[out.Name] = out
 	c.mu.Unlock()
 	return out, nil
+}
+
+// sameTable returns the stored spec of spec's table if it is the one spec
+// asks for (defaults filled in as the nodes fill them), else nil.
+func (c *Client) sameTable(ctx context.Context, s shardpb.ParameterServerClient, spec *shardpb.TableSpec) *shardpb.TableSpec {
+	want, err := normalizeSpec(spec)
+	if err != nil {
+		return nil
+	}
+	d, err := s.DescribeTable(ctx, &shardpb.DescribeTableRequest{Name: spec.Name})
+	if err != nil || !proto.Equal(d.Spec, want) {
+		return nil
+	}
+	return d.Spec
 }
 
 // Describe returns a table's spec and leaders, and refreshes the leader cache.

@@ -10,7 +10,7 @@ STATICCHECK := $(TOOLS)/staticcheck
 # Pinned: a newer staticcheck may add checks that fail verify without a code change.
 STATICCHECK_VERSION := v0.8.2
 # Packages whose tests exercise concurrency; they also run under -race.
-RACE_PKGS   := ./store/... ./replication/... ./shard/... ./test/... ./collective/...
+RACE_PKGS   := ./store/... ./replication/... ./shard/... ./test/... ./collective/... ./trainer/...
 # Go test output is kept here so failures can be read after the fact.
 TEST_LOG    := bin/test.log
 

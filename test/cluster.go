@@ -38,8 +38,8 @@ func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, nodes: make([]*shard.Node, n)}
 	var peers []shard.Peer
-	for i := range n {
-		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: freeAddr(t)})
+	for i, addr := range freeAddrs(t, n) {
+		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: addr})
 	}
 	base := t.TempDir()
 	for i := range n {
@@ -59,14 +59,20 @@ func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 	return c
 }
 
-// freeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// freeAddrs returns n distinct 127.0.0.1 addresses whose ports were free a
+// moment ago. The listeners are held until all n are chosen: a port closed
+// and asked for again at once is often handed out a second time.
+func freeAddrs(t testing.TB, n int) []string {
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addrs
 }
 
 // Start starts node i (again) from its data directory.

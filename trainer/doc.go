@@ -4,8 +4,8 @@
 //
 // # What it owns now
 //
-// The pure, cluster-independent part: no I/O beyond an io.Reader, no
-// goroutines, no clock.
+// Data, models and metrics are pure (no I/O beyond an io.Reader, no
+// goroutines, no clock); Train drives them against the cluster.
 //
 //   - Data. Sample (sparse keys with optional values, dense features, label,
 //     true probability) and Batch (a mini-batch with its keys deduplicated in
@@ -32,13 +32,19 @@
 // Synthetic, the models and the metrics are safe for concurrent use and never
 // modify a Batch or a Sample; a reader is for one goroutine.
 //
+//   - Train: the synchronous training loop. Each step pulls the batch's rows
+//     from a ParamServer (shard.Client), computes gradients, pushes the row
+//     gradients (the table's optimizer applies them on the servers) and, with
+//     a collective.Group, averages the dense gradient by allreduce before an
+//     SGD step, so every trainer holds the same dense parameters. It
+//     evaluates on held-out synthetic samples against the Bayes-optimal AUC.
+//     Train runs on the caller's goroutine; it does not retry pulls or
+//     pushes itself (the client does, and only it can retry a push safely).
+//
 // # Not built yet
 //
-// The training loop (dedup, pull through shard.Client, forward/backward,
-// push, allreduce, dense optimizer step, prefetching the next batch), the
-// sync, async and SSP modes and backup workers, the shard.Client-backed
-// embedding store, allreduce of the dense parameters through the collective
-// package, periodic evaluation, checkpoints of the dense parameters into a
-// raftps table, and `raftps train`. See the issue "Trainers" and
-// ../shared/DESIGN.md.
+// Asynchronous and SSP modes, backup workers and straggler handling,
+// prefetching the next batch, checkpoints of the dense parameters, training
+// from the Criteo and libsvm readers in raftps train. See the issue
+// "Trainers" and ../shared/DESIGN.md.
 package trainer

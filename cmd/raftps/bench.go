@@ -87,7 +87,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(cf.addrs()) == 0 {
 		return fail(stderr, "bench", fmt.Errorf("no cluster given: pass --cluster or set RAFTPS_CLUSTER"))
 	}
-	res, err := benchmark(context.Background(), cf.addrs(), bc, stderr, nil)
+	res, err := benchmark(context.Background(), cf.addrs(), bc, stderr)
 	if err != nil {
 		return fail(stderr, "bench", err)
 	}
@@ -101,9 +101,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 }
 
 // benchmark runs the workload and reports progress on progress once a
-// second; at is called with the elapsed time after each progress line (the
-// demo uses it to kill a leader mid-run).
-func benchmark(ctx context.Context, addrs []string, bc benchConfig, progress io.Writer, at func(elapsed time.Duration)) (*benchResult, error) {
+// second.
+func benchmark(ctx context.Context, addrs []string, bc benchConfig, progress io.Writer) (*benchResult, error) {
 	admin, err := shard.NewClient(shard.ClientConfig{Addrs: addrs})
 	if err != nil {
 		return nil, err
@@ -192,9 +191,6 @@ loop:
 			r := rows.Load()
 			fmt.Fprintf(progress, "%5.1fs  %10.0f rows/s  errors %d\n", now.Sub(start).Seconds(), float64(r-last)/now.Sub(lastT).Seconds(), errs.Load())
 			last, lastT = r, now
-			if at != nil {
-				at(now.Sub(start))
-			}
 		}
 	}
 	elapsed := time.Since(start).Seconds()

@@ -19,24 +19,24 @@ import (
 )
 
 // runDemo shows what raftps is for, on one machine: a 3-node cluster of
-// separate processes, a training-like mixed workload, the leader of a shard
+// separate processes, a model trained against it, the leader of a shard
 // killed in the middle, and the proof that no acknowledged update was lost.
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps demo", flag.ContinueOnError)
 	dir := fs.String("dir", "", "directory for the demo cluster (default: a temporary one, removed at the end)")
 	base := fs.Int("base-port", 7301, "gRPC port of the first node")
-	duration := fs.Duration("duration", 12*time.Second, "how long the workload runs")
+	steps := fs.Int("steps", 1500, "training steps (the leader is killed 3s in)")
 	keep := fs.Bool("keep", false, "leave the cluster running at the end")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
-	if err := demo(*dir, *base, *duration, *keep, stdout); err != nil {
+	if err := demo(*dir, *base, *steps, *keep, stdout); err != nil {
 		return fail(stderr, "demo", err)
 	}
 	return 0
 }
 
-func demo(dir string, base int, duration time.Duration, keep bool, out io.Writer) (err error) {
+func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error) {
 	say := func(format string, a ...any) { fmt.Fprintf(out, "==> "+format+"\n", a...) }
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "raftps-demo-"); err != nil {
@@ -79,7 +79,7 @@ func demo(dir string, base int, duration time.Duration, keep bool, out io.Writer
 		return err
 	}
 	victim := d.Leaders[0].LeaderId
-	say("table demo_counts: shard 0 is led by %s; it will be killed %s into the run", victim, duration/3)
+	say("table demo_counts: shard 0 is led by %s; it will be killed 3s into the run", victim)
 
 	var acked [counters]atomic.Int64
 	var failed atomic.Int64
@@ -126,24 +126,30 @@ func demo(dir string, base int, duration time.Duration, keep bool, out io.Writer
 		}
 	})
 
-	say("running a mixed pull/push workload on table demo for %s", duration)
-	kill := func(elapsed time.Duration) {
-		if elapsed < duration/3 || killedAt.Load() != 0 {
+	say("training logistic regression on synthetic CTR data (table train_lr) while pushes count on demo_counts")
+	killAfter := 3 * time.Second
+	go func() {
+		select {
+		case <-stop:
 			return
+		case <-time.After(killAfter):
 		}
 		killedAt.Store(time.Now().UnixNano())
 		if err := c.stop(victim, syscall.SIGKILL, 5*time.Second); err != nil {
 			fmt.Fprintf(out, "killing %s: %v\n", victim, err)
 			return
 		}
-		say("killed %s (SIGKILL), the leader of demo_counts/0; the workload goes on", victim)
-	}
-	res, err := benchmark(ctx, addrs, benchConfig{workload: "mixed", keys: 100000, dim: 32, batch: 1024, zipf: 1.1,
-		clients: 2, duration: duration, table: "", shards: 4, optimizer: "adagrad", load: true}, out, kill)
+		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
+	}()
+	res, err := train(ctx, cl, trainConfig{table: "train_lr", model: "lr", shards: 4, steps: steps, batch: 64,
+		fields: 8, vocab: 100, seed: 1}, out)
 	close(stop)
 	wg.Wait()
 	if err != nil {
 		return err
+	}
+	if killedAt.Load() == 0 {
+		say("training ended before the kill at %s; run the demo with more --steps to see a failover under load", killAfter)
 	}
 
 	say("restarting %s; it catches up from its data directory", victim)
@@ -173,8 +179,9 @@ func demo(dir string, base int, duration time.Duration, keep bool, out io.Writer
 		}
 	}
 	say("summary")
-	fmt.Fprintf(out, "  workload:   %.0f rows/s (push %.0f, pull %.0f), batch p50 %.1f ms, p99 %.1f ms, max %.1f ms, %d errors\n",
-		res.RowsPerS, res.PushRowsPerS, res.PullRowsPerS, res.P50ms, res.P99ms, res.MaxMs, res.Errors)
+	last := res.Evals[len(res.Evals)-1]
+	fmt.Fprintf(out, "  training:   %d steps, %d samples in %.1fs (%.0f samples/s); held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
+		res.Steps, res.Samples, res.Seconds, res.SamplesPerS, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
 	if k, r := killedAt.Load(), recovered.Load(); k != 0 && r != 0 {
 		fmt.Fprintf(out, "  failover:   first successful push to demo_counts/0 %.0f ms after killing %s\n", float64(r-k)/1e6, victim)
 	}

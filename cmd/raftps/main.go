@@ -27,6 +27,7 @@ var commands = map[string]command{
 	"status":  {"show nodes and every replica's state, leader and indexes", runStatus},
 	"bench":   {"measure pull/push rows/s and latency against a cluster", runBench},
 	"demo":    {"a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost", runDemo},
+	"train":   {"train a CTR model on synthetic data against the cluster: raftps train --model lr|dlrm", runTrain},
 	"cluster": {"run a local cluster of separate processes: raftps cluster up|down|kill NODE|restart NODE --dir D", runCluster},
 }
 

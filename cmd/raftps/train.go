@@ -68,14 +68,34 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "train", err)
 	}
+	last := res.Evals[len(res.Evals)-1]
 	if cf.json {
-		_ = printJSON(stdout, res)
+		_ = printJSON(stdout, trainJSON{
+			Model: tc.model, Table: tc.table, Steps: res.Steps, Examples: res.Samples,
+			WallS: res.Seconds, ExamplesPerS: res.SamplesPerS,
+			FinalAUC: last.AUC, BayesAUC: last.BayesAUC, FinalLogLoss: last.LogLoss, BayesLogLoss: last.BayesLogLoss,
+			Evals: res.Evals,
+		})
 		return 0
 	}
-	last := res.Evals[len(res.Evals)-1]
 	fmt.Fprintf(stdout, "trained %s on table %s: %d steps, %d samples in %.1fs (%.0f samples/s); held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
 		tc.model, tc.table, res.Steps, res.Samples, res.Seconds, res.SamplesPerS, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
 	return 0
+}
+
+// trainJSON is raftps train --json's summary.
+type trainJSON struct {
+	Model        string         `json:"model"`
+	Table        string         `json:"table"`
+	Steps        int            `json:"steps"`
+	Examples     int            `json:"examples"`
+	WallS        float64        `json:"wall_s"`
+	ExamplesPerS float64        `json:"examples_per_s"`
+	FinalAUC     float64        `json:"final_auc"`
+	BayesAUC     float64        `json:"bayes_auc"`
+	FinalLogLoss float64        `json:"final_logloss"`
+	BayesLogLoss float64        `json:"bayes_logloss"`
+	Evals        []trainer.Eval `json:"evals"`
 }
 
 // train creates the table if it does not exist, joins the other trainers if

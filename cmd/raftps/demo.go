@@ -128,7 +128,8 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 
 	say("training logistic regression on synthetic CTR data (table train_lr) while pushes count on demo_counts")
 	killAfter := 3 * time.Second
-	go func() {
+	var killed atomic.Bool
+	wg.Go(func() {
 		select {
 		case <-stop:
 			return
@@ -139,8 +140,9 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 			fmt.Fprintf(out, "killing %s: %v\n", victim, err)
 			return
 		}
+		killed.Store(true)
 		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
-	}()
+	})
 	res, err := train(ctx, cl, trainConfig{table: "train_lr", model: "lr", shards: 4, steps: steps, batch: 64,
 		fields: 8, vocab: 100, seed: 1}, out)
 	close(stop)
@@ -148,16 +150,16 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 	if err != nil {
 		return err
 	}
-	if killedAt.Load() == 0 {
+	if killed.Load() {
+		say("restarting %s; it catches up from its data directory", victim)
+		if err := c.start(mustNode(c, victim)); err != nil {
+			return err
+		}
+		if err := c.waitServing(30*time.Second, out); err != nil {
+			return err
+		}
+	} else {
 		say("training ended before the kill at %s; run the demo with more --steps to see a failover under load", killAfter)
-	}
-
-	say("restarting %s; it catches up from its data directory", victim)
-	if err := c.start(mustNode(c, victim)); err != nil {
-		return err
-	}
-	if err := c.waitServing(30*time.Second, out); err != nil {
-		return err
 	}
 	keys := make([]uint64, counters)
 	for i := range keys {

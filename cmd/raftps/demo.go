@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/trainer"
 )
 
 // runDemo shows what raftps is for, on one machine: a 3-node cluster of
@@ -26,17 +28,21 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", "", "directory for the demo cluster (default: a temporary one, removed at the end)")
 	base := fs.Int("base-port", 7301, "gRPC port of the first node")
 	steps := fs.Int("steps", 1500, "training steps (the leader is killed 3s in)")
+	trainers := fs.Int("trainers", 2, "synchronous trainers")
 	keep := fs.Bool("keep", false, "leave the cluster running at the end")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
-	if err := demo(*dir, *base, *steps, *keep, stdout); err != nil {
+	if *trainers < 1 || *steps < 1 {
+		return fail(stderr, "demo", fmt.Errorf("--trainers and --steps must be at least 1"))
+	}
+	if err := demo(*dir, *base, *steps, *trainers, *keep, stdout); err != nil {
 		return fail(stderr, "demo", err)
 	}
 	return 0
 }
 
-func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error) {
+func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err error) {
 	say := func(format string, a ...any) { fmt.Fprintf(out, "==> "+format+"\n", a...) }
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "raftps-demo-"); err != nil {
@@ -126,7 +132,7 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 		}
 	})
 
-	say("training logistic regression on synthetic CTR data (table train_lr) while pushes count on demo_counts")
+	say("training the DLRM-like model with %d trainers on synthetic CTR data (table train_dlrm) while pushes count on demo_counts", trainers)
 	killAfter := 3 * time.Second
 	var killed atomic.Bool
 	wg.Go(func() {
@@ -143,8 +149,8 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 		killed.Store(true)
 		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
 	})
-	res, err := train(ctx, cl, trainConfig{table: "train_lr", model: "lr", shards: 4, steps: steps, batch: 64,
-		fields: 8, vocab: 100, seed: 1}, out)
+	res, err := trainTogether(ctx, addrs, trainers, trainConfig{table: "train_dlrm", model: "dlrm", dim: 8, hidden: "32,16",
+		shards: 4, steps: steps, batch: 64, fields: 8, vocab: 100, seed: 1, job: "demo"}, out)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -182,8 +188,8 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 	}
 	say("summary")
 	last := res.Evals[len(res.Evals)-1]
-	fmt.Fprintf(out, "  training:   %d steps, %d samples in %.1fs (%.0f samples/s); held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
-		res.Steps, res.Samples, res.Seconds, res.SamplesPerS, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
+	fmt.Fprintf(out, "  training:   %d trainers × %d steps, %d samples in %.1fs (%.0f samples/s); held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
+		trainers, res.Steps, trainers*res.Samples, res.Seconds, float64(trainers)*res.SamplesPerS, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
 	if k, r := killedAt.Load(), recovered.Load(); k != 0 && r != 0 {
 		fmt.Fprintf(out, "  failover:   first successful push to demo_counts/0 %.0f ms after killing %s\n", float64(r-k)/1e6, victim)
 	}
@@ -195,6 +201,44 @@ func demo(dir string, base int, steps int, keep bool, out io.Writer) (err error)
 		say("cluster left running: export RAFTPS_CLUSTER=%s; raftps cluster down --dir %s", c.addrs(), filepath.Join(dir, "cluster"))
 	}
 	return nil
+}
+
+// trainTogether runs n synchronous trainers in this process, each with its
+// own client and a collective group on loopback, and returns trainer 0's
+// result (they end with the same dense parameters). Only trainer 0 prints.
+func trainTogether(ctx context.Context, addrs []string, n int, tc trainConfig, out io.Writer) (*trainer.Result, error) {
+	lns := make([]net.Listener, n)
+	var peers []string
+	for r := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns[r] = ln
+		peers = append(peers, ln.Addr().String())
+	}
+	results := make([]*trainer.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs})
+			if err != nil {
+				errs[r] = err
+				lns[r].Close()
+				return
+			}
+			defer cl.Close()
+			t := tc
+			t.rank, t.peers, t.listener, t.quiet = r, strings.Join(peers, ","), lns[r], r != 0
+			results[r], errs[r] = train(ctx, cl, t, out)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return results[0], nil
 }
 
 func mustNode(c *localCluster, id string) localNode {

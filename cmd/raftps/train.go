@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -33,6 +34,10 @@ type trainConfig struct {
 	rank      int
 	peers     string // collective addresses of every trainer, by rank
 	job       string
+	// listener, if set, is this trainer's collective listener on its
+	// address in peers (the demo runs its trainers in one process).
+	listener net.Listener
+	quiet    bool // no progress lines (the other trainers of the demo)
 }
 
 func runTrain(args []string, stdout, stderr io.Writer) int {
@@ -101,6 +106,9 @@ type trainJSON struct {
 // train creates the table if it does not exist, joins the other trainers if
 // there are any, and runs the training loop.
 func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Writer) (*trainer.Result, error) {
+	if tc.quiet {
+		progress = io.Discard
+	}
 	var model trainer.Model
 	switch tc.model {
 	case "lr":
@@ -167,7 +175,7 @@ func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Wr
 	if tc.peers != "" {
 		addrs := strings.Split(tc.peers, ",")
 		jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		g, err := collective.Join(jctx, collective.Config{Rank: tc.rank, Addrs: addrs, Job: tc.job, Generation: 1})
+		g, err := collective.Join(jctx, collective.Config{Rank: tc.rank, Addrs: addrs, Job: tc.job, Generation: 1, Listener: tc.listener})
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("joining the other trainers: %w", err)

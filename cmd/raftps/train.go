@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -60,8 +62,24 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&tc.rank, "rank", 0, "this trainer's rank, with --peers")
 	fs.StringVar(&tc.peers, "peers", "", "collective addresses of every trainer, by rank (host:port,...); empty: one trainer")
 	fs.StringVar(&tc.job, "job", "raftps-train", "job name: trainers of one job must agree on it")
+	trainers := fs.Int("trainers", 1, "run this many synchronous trainer processes on this machine (rank 0 is this one)")
+	fs.BoolVar(&tc.quiet, "quiet", false, "no progress output")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
+	}
+	if *trainers < 1 || (*trainers > 1 && tc.peers != "") {
+		return fail(stderr, "train", fmt.Errorf("--trainers %d: want at least 1, and not together with --peers", *trainers))
+	}
+	if *trainers > 1 {
+		wait, err := startTrainers(args, *trainers, &tc, stderr)
+		if err != nil {
+			return fail(stderr, "train", err)
+		}
+		defer func() {
+			if err := wait(); err != nil {
+				fmt.Fprintf(stderr, "raftps train: %v\n", err)
+			}
+		}()
 	}
 	tc.table = cmp(tc.table, "train_"+tc.model)
 	cl, err := cf.client()
@@ -83,9 +101,55 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 		})
 		return 0
 	}
-	fmt.Fprintf(stdout, "trained %s on table %s: %d steps, %d samples in %.1fs (%.0f samples/s); held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
-		tc.model, tc.table, res.Steps, res.Samples, res.Seconds, res.SamplesPerS, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
+	per := ""
+	if tc.peers != "" {
+		per = fmt.Sprintf(" (trainer %d of %d; each as many)", tc.rank, len(strings.Split(tc.peers, ",")))
+	}
+	fmt.Fprintf(stdout, "trained %s on table %s: %d steps, %d samples in %.1fs (%.0f samples/s)%s; held-out AUC %.4f, logloss %.4f (Bayes-optimal %.4f / %.4f)\n",
+		tc.model, tc.table, res.Steps, res.Samples, res.Seconds, res.SamplesPerS, per, last.AUC, last.LogLoss, last.BayesAUC, last.BayesLogLoss)
 	return 0
+}
+
+// startTrainers starts trainers 1..n-1 as child processes running this
+// command with the same flags, and makes this process trainer 0 of the job.
+// wait waits for the children and reports any that failed.
+func startTrainers(args []string, n int, tc *trainConfig, stderr io.Writer) (wait func() error, err error) {
+	var peers []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, ln.Addr().String())
+		ln.Close()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	tc.peers, tc.rank = strings.Join(peers, ","), 0
+	var cmds []*exec.Cmd
+	for r := 1; r < n; r++ {
+		cmd := exec.Command(self, append(append([]string{"train"}, args...),
+			"--trainers", "1", "--rank", fmt.Sprint(r), "--peers", tc.peers, "--quiet")...)
+		cmd.Stderr = stderr
+		if err := cmd.Start(); err != nil {
+			for _, c := range cmds {
+				_ = c.Process.Kill()
+			}
+			return nil, fmt.Errorf("starting trainer %d: %w", r, err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return func() error {
+		var errs []error
+		for i, c := range cmds {
+			if err := c.Wait(); err != nil {
+				errs = append(errs, fmt.Errorf("trainer %d: %w", i+1, err))
+			}
+		}
+		return errors.Join(errs...)
+	}, nil
 }
 
 // trainJSON is raftps train --json's summary.

@@ -142,3 +142,43 @@ func TestBinaryClusterFailover(t *testing.T) {
 	}
 	raftps("cluster", "restart", victim, "--dir", dir)
 }
+
+// TestBinaryTrainProcesses: raftps train --trainers 2 runs two trainer
+// processes that average their dense gradients by allreduce; the job exits
+// 0 once both are done (the parent waits for its child), prints the --json
+// summary, and the model beats chance by far.
+func TestBinaryTrainProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := filepath.Join(t.TempDir(), "cluster")
+	base := freePortRun(t, 3)
+	if out, err := exec.Command(bin, "cluster", "up", "--dir", dir, "--base-port", fmt.Sprint(base)).CombinedOutput(); err != nil {
+		t.Fatalf("cluster up: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(bin, "cluster", "down", "--dir", dir).Run() })
+	addrs, err := os.ReadFile(filepath.Join(dir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "train", "--trainers", "2", "--steps", "300", "--json", "--quiet", "--cluster", strings.TrimSpace(string(addrs)))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("raftps train: %v\n%s", err, stderr.String())
+	}
+	var res struct {
+		Steps    int     `json:"steps"`
+		FinalAUC float64 `json:"final_auc"`
+		BayesAUC float64 `json:"bayes_auc"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("--json output %q: %v", out, err)
+	}
+	t.Logf("2 trainers, %d steps each: AUC %.4f (Bayes %.4f)", res.Steps, res.FinalAUC, res.BayesAUC)
+	if res.Steps != 300 || res.FinalAUC < 0.7 {
+		t.Fatalf("trained %d steps to AUC %.4f; want 300 steps and AUC above 0.7", res.Steps, res.FinalAUC)
+	}
+}

@@ -17,10 +17,12 @@
 //     follower cannot serve is refused with FailedPrecondition and a NotLeader
 //     detail naming the leader.
 //   - Client: dials any node, learns table specs and shard leaders, splits a
-//     batch by shard (ShardOf: a stable hash of the key), calls the shards in
-//     parallel, puts rows back in the caller's order, and retries through
-//     leader changes with the same (client, seq), so a push whose outcome was
-//     unknown is applied at most once.
+//     batch by shard (ShardOf: a stable hash of the key), sends one
+//     PullBatch or PushBatch per node that leads some of them (a part the
+//     node cannot serve falls back to a per-shard call), puts rows back in
+//     the caller's order, and retries through leader changes with the same
+//     (client, seq), so a push whose outcome was unknown is applied at most
+//     once.
 //
 // # Concurrency
 //

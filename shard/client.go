@@ -391,16 +391,12 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 		return nil
 	}
 	batch := func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error) {
-		req := &shardpb.PullBatchRequest{Parts: make([]*shardpb.PullRequest, len(shards))}
-		for i, s := range shards {
-			req.Parts[i] = parts[s]
-		}
-		resp, err := st.PullBatch(ctx, req)
+		resp, err := st.PullBatch(ctx, &shardpb.PullBatchRequest{Parts: pick(parts, shards)})
 		if err != nil {
 			return nil, err
 		}
-		if len(resp.Parts) != len(shards) || len(resp.Errors) != len(shards) {
-			return nil, fmt.Errorf("raftps client: %s answered %d parts for %d", addr, len(resp.Parts), len(shards))
+		if err := checkAnswers(addr, len(shards), len(resp.Parts), len(resp.Errors)); err != nil {
+			return nil, err
 		}
 		res := make([]partResult, len(shards))
 		for i, s := range shards {
@@ -483,16 +479,12 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 		return nil
 	}
 	batch := func(ctx context.Context, addr string, st shardpb.ParameterServerClient, shards []uint32) ([]partResult, error) {
-		req := &shardpb.PushBatchRequest{Parts: make([]*shardpb.PushRequest, len(shards))}
-		for i, s := range shards {
-			req.Parts[i] = parts[s]
-		}
-		resp, err := st.PushBatch(ctx, req)
+		resp, err := st.PushBatch(ctx, &shardpb.PushBatchRequest{Parts: pick(parts, shards)})
 		if err != nil {
 			return nil, err
 		}
-		if len(resp.Parts) != len(shards) || len(resp.Errors) != len(shards) {
-			return nil, fmt.Errorf("raftps client: %s answered %d parts for %d", addr, len(resp.Parts), len(shards))
+		if err := checkAnswers(addr, len(shards), len(resp.Parts), len(resp.Errors)); err != nil {
+			return nil, err
 		}
 		res := make([]partResult, len(shards))
 		for i, s := range shards {
@@ -532,6 +524,24 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 	}
 	if err := c.fanOut(ctx, table, sp, batch, single, failed); err != nil {
 		return fmt.Errorf("push to table %q: %w", table, err)
+	}
+	return nil
+}
+
+// pick returns the parts of shards, in that order.
+func pick[P any](parts []P, shards []uint32) []P {
+	out := make([]P, len(shards))
+	for i, s := range shards {
+		out[i] = parts[s]
+	}
+	return out
+}
+
+// checkAnswers checks that a batch answer has a response and an error entry
+// for each of its n parts.
+func checkAnswers(addr string, n, responses, errs int) error {
+	if responses != n || errs != n {
+		return fmt.Errorf("raftps client: %s answered %d parts and %d errors for %d parts", addr, responses, errs, n)
 	}
 	return nil
 }

@@ -136,6 +136,16 @@ func Train(ctx context.Context, cfg LoopConfig) (*Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("trainer: step %d: %w", step, err)
 		}
+		if world > 1 {
+			// Each trainer's gradients are of the mean loss over its own
+			// samples; the servers add the pushes of a step, so divide by
+			// the number of trainers: a step is then one SGD step on the
+			// mean over the global batch, as the allreduced dense step is.
+			inv := 1 / float32(world)
+			for i := range rowGrad {
+				rowGrad[i] *= inv
+			}
+		}
 		if err := cfg.PS.Push(ctx, cfg.Table, b.Keys, rowGrad); err != nil {
 			return res, fmt.Errorf("trainer: step %d: push: %w", step, err)
 		}

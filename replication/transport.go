@@ -161,6 +161,24 @@ func (m *Mux) lookup(group string) (*Transport, error) {
 }
 
 func (m *Mux) client(target raft.ServerAddress) (transportpb.RaftTransportClient, error) {
+	cc, err := m.Conn(target)
+	if err != nil {
+		return nil, err
+	}
+	return transportpb.NewRaftTransportClient(cc), nil
+}
+
+// Conn returns the node's one connection to the peer at target, dialed on
+// first use and closed by Close. Other services the peer serves on the same
+// port (the node's client API, say) use it too, rather than a second
+// connection to the same node.
+func (m *Mux) Conn(target raft.ServerAddress) (*grpc.ClientConn, error) {
+	m.mu.RLock()
+	closed := m.closed
+	m.mu.RUnlock()
+	if closed {
+		return nil, fmt.Errorf("raft transport: dialing %s: %w", target, ErrTransportClosed)
+	}
 	m.connMu.Lock()
 	defer m.connMu.Unlock()
 	cc, ok := m.conns[target]
@@ -171,7 +189,7 @@ func (m *Mux) client(target raft.ServerAddress) (transportpb.RaftTransportClient
 		}
 		m.conns[target] = cc
 	}
-	return transportpb.NewRaftTransportClient(cc), nil
+	return cc, nil
 }
 
 // Close closes every transport and connection.

@@ -18,7 +18,6 @@ import (
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -108,9 +107,6 @@ type Node struct {
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
 
-	peerMu    sync.Mutex                  // guards peerConns
-	peerConns map[string]*grpc.ClientConn // client API connections to peers, by address
-
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
 	wg     sync.WaitGroup
@@ -138,10 +134,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
-		groups:    map[string]*replication.Group{},
-		peerConns: map[string]*grpc.ClientConn{},
-		kick:      make(chan struct{}, 1),
-		closed:    make(chan struct{}),
+		groups: map[string]*replication.Group{},
+		kick:   make(chan struct{}, 1),
+		closed: make(chan struct{}),
 	}
 	n.mux, err = replication.NewMux(replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")})
 	if err != nil {
@@ -219,24 +214,12 @@ func (n *Node) Group(table string, shard uint32) *replication.Group {
 	return n.groups[groupID(table, shard)]
 }
 
-// peerStub returns a client API stub for the node at addr, over a
-// connection kept until the node closes.
+// peerStub returns a client API stub for the node at addr, over the
+// node's one connection to that peer (the Raft transport's).
 func (n *Node) peerStub(addr string) (shardpb.ParameterServerClient, error) {
-	n.peerMu.Lock()
-	defer n.peerMu.Unlock()
-	select {
-	case <-n.closed:
-		return nil, errors.New("node closed")
-	default:
-	}
-	cc, ok := n.peerConns[addr]
-	if !ok {
-		var err error
-		cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, fmt.Errorf("dialing %s: %w", addr, err)
-		}
-		n.peerConns[addr] = cc
+	cc, err := n.mux.Conn(raft.ServerAddress(addr))
+	if err != nil {
+		return nil, err
 	}
 	return shardpb.NewParameterServerClient(cc), nil
 }
@@ -390,14 +373,6 @@ func (n *Node) Close() error {
 		if n.server != nil {
 			n.server.Stop()
 		}
-		n.peerMu.Lock()
-		for addr, cc := range n.peerConns {
-			if err := cc.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("connection to %s: %w", addr, err))
-			}
-		}
-		n.peerConns = nil
-		n.peerMu.Unlock()
 		if n.mux != nil {
 			if err := n.mux.Close(); err != nil {
 				errs = append(errs, err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -81,7 +82,7 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	tc.table = cmp(tc.table, "train_"+tc.model)
+	tc.table = cmp.Or(tc.table, "train_"+tc.model)
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "train", err)
@@ -177,7 +178,7 @@ func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Wr
 	switch tc.model {
 	case "lr":
 		model = trainer.LR{}
-		tc.optimizer = cmp(tc.optimizer, "sgd:lr=2")
+		tc.optimizer = cmp.Or(tc.optimizer, "sgd:lr=2")
 		if tc.denseLR == 0 {
 			tc.denseLR = 2
 		}
@@ -195,14 +196,14 @@ func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Wr
 			return nil, err
 		}
 		model = m
-		tc.optimizer = cmp(tc.optimizer, "adagrad:lr=0.1")
+		tc.optimizer = cmp.Or(tc.optimizer, "adagrad:lr=0.1")
 		if tc.denseLR == 0 {
 			tc.denseLR = 0.1
 		}
 	default:
 		return nil, fmt.Errorf("--model %q: want lr or dlrm", tc.model)
 	}
-	tc.table = cmp(tc.table, "train_"+tc.model)
+	tc.table = cmp.Or(tc.table, "train_"+tc.model)
 	dcfg := trainer.DefaultSyntheticConfig()
 	dcfg.Fields, dcfg.Vocab, dcfg.Seed = tc.fields, tc.vocab, tc.seed
 	if tc.vocab <= 1000 {
@@ -249,11 +250,4 @@ func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Wr
 		fmt.Fprintf(progress, "trainer %d of %d joined\n", tc.rank, len(addrs))
 	}
 	return trainer.Train(ctx, cfg)
-}
-
-func cmp(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

@@ -99,6 +99,11 @@ const (
 	Adagrad
 	Adam
 	FTRL
+	// Assign sets the row to the pushed vector: w = g. It is for values
+	// that are not gradients, such as checkpoints of a trainer's dense
+	// parameters or training clocks. Duplicate keys in one push are summed
+	// before they are assigned, as for every optimizer.
+	Assign
 )
 
 func (k OptKind) String() string {
@@ -111,6 +116,8 @@ func (k OptKind) String() string {
 		return "adam"
 	case FTRL:
 		return "ftrl"
+	case Assign:
+		return "assign"
 	}
 	return fmt.Sprintf("OptKind(%d)", uint8(k))
 }
@@ -153,6 +160,8 @@ func DefaultOptimizer(kind OptKind) Optimizer {
 		return Optimizer{Kind: Adam, LR: 0.001, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
 	case FTRL:
 		return Optimizer{Kind: FTRL, LR: 0.05, Beta: 1}
+	case Assign:
+		return Optimizer{Kind: Assign}
 	}
 	return Optimizer{Kind: SGD, LR: 0.01}
 }
@@ -188,6 +197,8 @@ func (k OptKind) params() []optParam {
 		return []optParam{pLR, pBeta1, pBeta2, pEps}
 	case FTRL:
 		return []optParam{pLR, pBeta, pL1, pL2}
+	case Assign:
+		return []optParam{}
 	}
 	return nil
 }
@@ -211,7 +222,7 @@ func (o Optimizer) String() string {
 }
 
 // ParseOptimizer reads "KIND" or "KIND:name=value,...", starting from
-// DefaultOptimizer(KIND). KIND is sgd, adagrad, adam or ftrl; the names are
+// DefaultOptimizer(KIND). KIND is sgd, adagrad, adam, ftrl or assign; the names are
 // those String prints.
 func ParseOptimizer(s string) (Optimizer, error) {
 	kindStr, args, _ := strings.Cut(strings.TrimSpace(s), ":")
@@ -225,8 +236,10 @@ func ParseOptimizer(s string) (Optimizer, error) {
 		kind = Adam
 	case "ftrl":
 		kind = FTRL
+	case "assign":
+		kind = Assign
 	default:
-		return Optimizer{}, fmt.Errorf("%w: optimizer %q: want sgd, adagrad, adam or ftrl", ErrInvalidConfig, kindStr)
+		return Optimizer{}, fmt.Errorf("%w: optimizer %q: want sgd, adagrad, adam, ftrl or assign", ErrInvalidConfig, kindStr)
 	}
 	o := DefaultOptimizer(kind)
 	if args != "" {
@@ -263,7 +276,7 @@ func ParseOptimizer(s string) (Optimizer, error) {
 func (o Optimizer) validate() error {
 	params := o.Kind.params()
 	if params == nil {
-		return fmt.Errorf("%w: optimizer kind = %d (want sgd, adagrad, adam or ftrl)", ErrInvalidConfig, uint8(o.Kind))
+		return fmt.Errorf("%w: optimizer kind = %d (want sgd, adagrad, adam, ftrl or assign)", ErrInvalidConfig, uint8(o.Kind))
 	}
 	for _, p := range params {
 		v := *p.field(&o)

@@ -7,8 +7,9 @@
 // # What it owns
 //
 //   - TableConfig: name, dim (1..4096), initializer (zeros, uniform:a,
-//     normal:sigma), optimizer (sgd, adagrad, adam, ftrl with hyper-parameters),
-//     seed; validated with errors that name the field and value.
+//     normal:sigma), optimizer (sgd, adagrad, adam, ftrl with
+//     hyper-parameters; assign, which stores the pushed vector, for values
+//     that are not gradients), seed; validated with errors that name the field and value.
 //   - Table: rows keyed by uint64, each dim float32 values plus the
 //     optimizer's state, stored in 1 MiB float32 chunks with a pointer-free
 //     index, so ten million rows are a few thousand heap objects the garbage

@@ -42,8 +42,23 @@ func kernelFor(k OptKind) kernel {
 		return adamStep
 	case FTRL:
 		return ftrlStep
+	case Assign:
+		return assignStep
 	}
 	return sgdStep
+}
+
+// assignStep: w = g.
+func assignStep(_ *Optimizer, l layout, in, out, g []float32) uint32 {
+	copy(out[:l.hdr], in[:l.hdr])
+	wo := l.values(out)
+	g = g[:len(wo)]
+	var bad uint32
+	for i, x := range g {
+		wo[i] = x
+		bad |= finiteBits(x)
+	}
+	return bad
 }
 
 // sgdStep: w -= lr*g.

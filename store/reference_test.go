@@ -71,6 +71,8 @@ func (r *refTable) update(k uint64, g []float32) {
 		switch o.Kind {
 		case SGD:
 			row.w[c] = row.w[c] - float32(o.LR*g[c])
+		case Assign:
+			row.w[c] = g[c]
 		case Adagrad:
 			row.a[c] = row.a[c] + float32(g[c]*g[c])
 			row.w[c] = row.w[c] - float32(o.LR*g[c])/(sqrt32(row.a[c])+o.Eps)
@@ -119,7 +121,7 @@ func optimizerCases() []Optimizer {
 	ftrlL1.L1, ftrlL1.L2, ftrlL1.Beta = 0.05, 0.01, 0.5
 	adam := DefaultOptimizer(Adam)
 	adam.LR = 0.05
-	return []Optimizer{DefaultOptimizer(SGD), DefaultOptimizer(Adagrad), DefaultOptimizer(Adam), adam, DefaultOptimizer(FTRL), ftrlL1}
+	return []Optimizer{DefaultOptimizer(SGD), DefaultOptimizer(Adagrad), DefaultOptimizer(Adam), adam, DefaultOptimizer(FTRL), ftrlL1, DefaultOptimizer(Assign)}
 }
 
 func TestOptimizersMatchReference(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -179,11 +180,14 @@ var goldenChecksums = map[string]uint64{
 	"ftrl/zeros":      0x6a98285358754ec0,
 	"ftrl/uniform":    0xb75a7c8015898023,
 	"ftrl/normal":     0xbd995c7a4fbd4a9a,
+	"assign/zeros":    0x890a2f441b84807b,
+	"assign/uniform":  0x6fa274ff3abdbd5c,
+	"assign/normal":   0x9c256d2dcde5beaf,
 }
 
 func TestGoldenChecksums(t *testing.T) {
 	var fresh []string
-	for _, k := range []OptKind{SGD, Adagrad, Adam, FTRL} {
+	for _, k := range []OptKind{SGD, Adagrad, Adam, FTRL, Assign} {
 		for _, in := range []Initializer{{InitZeros, 0}, {InitUniform, 0.05}, {InitNormal, 0.05}} {
 			opt := DefaultOptimizer(k)
 			if k == FTRL {
@@ -303,5 +307,35 @@ func TestAllFinite(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Assign stores the pushed vector whatever the row held, and a NaN is refused
+// without changing anything.
+func TestAssignStoresPushedValues(t *testing.T) {
+	tab := mustTable(t, TableConfig{Name: "ckpt", Dim: 3, Init: Initializer{InitUniform, 0.5}, Optimizer: DefaultOptimizer(Assign), Seed: 7})
+	if err := tab.Apply([]uint64{1, 2}, []float32{1, 2, 3, -4, 5.5, 1e30}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tab.Apply([]uint64{2}, []float32{7, 8, 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tab.Apply([]uint64{1}, []float32{0, float32(math.NaN()), 0}); err == nil {
+		t.Fatal("NaN assigned without an error")
+	}
+	got := make([]float32, 6)
+	if err := tab.Lookup([]uint64{1, 2}, got); err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{1, 2, 3, 7, 8, 9}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+	o, err := ParseOptimizer("assign")
+	if err != nil || o != DefaultOptimizer(Assign) || o.String() != "assign" {
+		t.Fatalf("ParseOptimizer(assign) = %v, %v", o, err)
+	}
+	if _, err := ParseOptimizer("assign:lr=1"); err == nil {
+		t.Fatal("assign accepted a learning rate")
 	}
 }

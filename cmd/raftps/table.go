@@ -65,7 +65,7 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	var cf clusterFlags
 	cf.register(fs)
 	dim := fs.Int("dim", 0, "length of a row (required)")
-	opt := fs.String("optimizer", "adagrad", "sgd, adagrad, adam or ftrl, with parameters as adagrad:lr=0.05,eps=1e-8")
+	opt := fs.String("optimizer", "adagrad", "sgd, adagrad, adam, ftrl or assign (stores the pushed vector), with parameters as adagrad:lr=0.05,eps=1e-8")
 	init := fs.String("init", "uniform:0.01", "initializer: zeros, uniform:A or normal:SIGMA")
 	shards := fs.Uint("shards", 8, "number of shards")
 	replicas := fs.Uint("replicas", 3, "replicas per shard")

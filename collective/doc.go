@@ -119,4 +119,61 @@
 //
 // The receiver checks every header field against what it expects. Buffers
 // are limited to 2^32-1 elements.
+//
+// # Quorum steps (backup workers)
+//
+// JoinQuorum starts a separate primitive for synchronous SGD with backup
+// workers (Chen et al. 2016, "Revisiting distributed synchronous SGD"):
+// each step proceeds with the first Need of the N ranks' contributions and
+// discards the late ones. It does not use a Group: rank 0 coordinates a star.
+// Rank 0 listens on Addrs[0] (or QuorumConfig.Listener); every other rank
+// dials it, and listens nowhere. Rank 0 also trains, through an in-process
+// path to its coordinator.
+//
+// Each rank loops: Next returns the latest released step and its state (step
+// 1 is Initial); the rank computes its contribution and Submits it; if it is
+// among the first Need it is accepted, and the rank does the step's side
+// effects (pushes its sparse gradients) and calls Done; a late contribution
+// is rejected at once and the rank just calls Next, which gives it the
+// newest release, skipping the ones it missed. Once Need contributions were
+// accepted and each of those ranks called Done, rank 0 sums them in rank
+// order, calls Update on a copy of the state, and releases step+1. After
+// step Steps, step Steps+1 is the final release: Next returns it and the
+// rank stops; rank 0's Close waits (at most Timeout) for every live rank to
+// fetch it, so a rank still in the middle of the last step gets it too.
+//
+// Failures. A rank whose connection breaks is dropped; so is one that does
+// not call Done within Timeout of its accepted Submit (its contribution
+// still counts; its Done fails saying why). The others go on as long as at
+// least Need ranks are left. With fewer, or when a released step does not
+// collect Need contributions within StepTimeout (default Timeout), rank 0
+// ends the run: it sends every rank an abort frame with the reason, and
+// every pending and later call fails with ErrGroupBroken wrapping
+// ErrQuorumLost. While a rank waits in Next, rank 0 sends a heartbeat every
+// Timeout/3, so a dead or silent rank 0 makes every call fail within Timeout
+// with a *PeerError naming rank 0; a rank 0 that closes before the final
+// release ends the run for everyone. Every call honours ctx; on ranks other
+// than 0 a call interrupted mid-exchange takes the rank out of the run.
+// Misuse (wrong lengths, a step never released, Submit twice, Done without
+// an accepted Submit, Next before Done) fails with ErrConfig and changes
+// nothing.
+//
+// Quorum wire format. The handshake is like the group's, with magic "RPSQ"
+// and these fields: N, sender's rank, Need, Generation, Steps and the state
+// length (rank 0's answer carries len(Initial); a rank may send 0 for "any");
+// a rank whose values differ is refused. Then every message is a 16-byte
+// header and a payload:
+//
+//	0  uint8  type     1 next, 2 submit, 3 done, 4 bye (rank to rank 0);
+//	                   5 start, 6 release, 7 verdict, 8 done-ack, 9 ping,
+//	                   10 abort (rank 0 to a rank)
+//	1  uint8  flag     release: 1 final; verdict: 1 accepted; abort: reason code
+//	2  uint16 0
+//	4  uint32 nbytes   payload length
+//	8  uint64 step     next: the last step the rank saw; else the step
+//
+// Submit and release carry the vector (little-endian float32s, the same
+// unsafe byte view as above); abort carries the reason text. A rank has at
+// most one request outstanding. Rank 0 sends start once every rank has
+// joined; a rank sends bye as soon as it has the final release.
 package collective

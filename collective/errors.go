@@ -33,6 +33,15 @@ var (
 	// operations must be issued one at a time, in the same order on every
 	// rank.
 	ErrBusy = errors.New("another collective operation is in progress")
+	// ErrQuorumLost: a quorum run (JoinQuorum) can no longer complete steps:
+	// fewer than Need ranks are left, or the open step did not collect Need
+	// contributions within StepTimeout. Every rank's calls fail with it
+	// (wrapped in ErrGroupBroken); on rank 0 the error also holds the
+	// *PeerError of the last rank lost, if a rank was lost.
+	ErrQuorumLost = errors.New("quorum lost")
+	// ErrFinished: the quorum run is over: Next already returned the final
+	// release, which takes no contributions.
+	ErrFinished = errors.New("quorum run finished")
 )
 
 // PeerError is returned when an operation fails because of one peer: its

@@ -1,0 +1,988 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const qLen = 1000 // state length in these tests
+
+// qInitial is the initial state of the quorum tests.
+func qInitial() []float32 {
+	s := make([]float32, qLen)
+	for i := range s {
+		s[i] = value(99, i)
+	}
+	return s
+}
+
+// qContrib is rank r's contribution for step, computed from the state it
+// fetched: deterministic, so a test can recompute every step.
+func qContrib(r int, step uint64, state, dst []float32) {
+	for i := range dst {
+		dst[i] = value(r, i+int(step)) + 0.5*state[i]
+	}
+}
+
+// sgd is the Update of the tests.
+func sgd(_ uint64, sum []float32, n int, state []float32) {
+	for i := range state {
+		state[i] -= 0.1 * sum[i] / float32(n)
+	}
+}
+
+// qRecord collects every rank's Submit results.
+type qRecord struct {
+	mu  sync.Mutex
+	acc map[uint64][]int // step -> ranks accepted
+}
+
+func (rec *qRecord) accepted(step uint64, r int) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.acc == nil {
+		rec.acc = make(map[uint64][]int)
+	}
+	rec.acc[step] = append(rec.acc[step], r)
+}
+
+// replay recomputes the run from the recorded accepted sets, adding each
+// step's contributions in rank order as the coordinator does, and returns
+// the final state.
+func (rec *qRecord) replay(t *testing.T, steps uint64, need int) []float32 {
+	t.Helper()
+	state := qInitial()
+	sum := make([]float32, qLen)
+	c := make([]float32, qLen)
+	for s := uint64(1); s <= steps; s++ {
+		ranks := slices.Sorted(slices.Values(rec.acc[s]))
+		if len(ranks) != need {
+			t.Fatalf("step %d: accepted ranks %v, want %d of them", s, ranks, need)
+		}
+		qContrib(ranks[0], s, state, sum)
+		for _, r := range ranks[1:] {
+			qContrib(r, s, state, c)
+			for i := range sum {
+				sum[i] = sum[i] + c[i]
+			}
+		}
+		sgd(s, sum, need, state)
+	}
+	return state
+}
+
+// qHooks changes one rank's behaviour in train.
+type qHooks struct {
+	beforeSubmit func(step uint64)
+	beforeDone   func(step uint64)
+	// leave, if it returns true after Submit, makes the rank Close its
+	// Quorum and return errLeft instead of calling Done.
+	leave func(step uint64, accepted bool) bool
+	// nextCtx gives the context of Next after step last (default: ctx).
+	nextCtx func(last uint64) (context.Context, context.CancelFunc)
+	// afterNext is called when Next returned step.
+	afterNext func(step uint64)
+}
+
+var errLeft = errors.New("left the run")
+
+// train is a trainer's loop: Next, Submit, Done until the final release,
+// whose state it copies into final.
+func train(ctx context.Context, q *Quorum, steps uint64, rec *qRecord, h qHooks, final []float32) error {
+	state := make([]float32, q.Len())
+	contrib := make([]float32, q.Len())
+	r := q.Rank()
+	var last uint64
+	for {
+		nctx, cancel := ctx, context.CancelFunc(func() {})
+		if h.nextCtx != nil {
+			nctx, cancel = h.nextCtx(last)
+		}
+		step, err := q.Next(nctx, state)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if step <= last {
+			return fmt.Errorf("Next returned step %d after %d", step, last)
+		}
+		last = step
+		if h.afterNext != nil {
+			h.afterNext(step)
+		}
+		if step > steps {
+			if step != steps+1 {
+				return fmt.Errorf("final release is step %d, want %d", step, steps+1)
+			}
+			copy(final, state)
+			return nil
+		}
+		if h.beforeSubmit != nil {
+			h.beforeSubmit(step)
+		}
+		qContrib(r, step, state, contrib)
+		ok, err := q.Submit(ctx, step, contrib)
+		if err != nil {
+			return err
+		}
+		if ok {
+			rec.accepted(step, r)
+		}
+		if h.leave != nil && h.leave(step, ok) {
+			q.Close()
+			return errLeft
+		}
+		if !ok {
+			continue
+		}
+		if h.beforeDone != nil {
+			h.beforeDone(step)
+		}
+		if err := q.Done(ctx, step); err != nil {
+			return err
+		}
+	}
+}
+
+// joinQuorum forms a quorum run of n ranks on loopback; only rank 0 listens.
+// mod, if not nil, edits each rank's config. The ranks are closed when the
+// test ends.
+func joinQuorum(t *testing.T, n, need int, steps uint64, mod func(*QuorumConfig)) []*Quorum {
+	t.Helper()
+	lns, addrs := listeners(t, 1)
+	all := make([]string, n)
+	all[0] = addrs[0]
+	qs := make([]*Quorum, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		cfg := QuorumConfig{
+			Config: Config{Rank: r, Addrs: all, Job: "q", Generation: 1, Timeout: time.Second, JoinTimeout: 5 * time.Second},
+			Need:   need, Steps: steps,
+		}
+		if r == 0 {
+			cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
+		}
+		if mod != nil {
+			mod(&cfg)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			qs[r], errs[r] = JoinQuorum(context.Background(), cfg)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("join rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range qs {
+			q.Close()
+		}
+	})
+	return qs
+}
+
+// runQuorum runs train on every rank and returns the errors, the final
+// states and how long each rank took.
+func runQuorum(qs []*Quorum, steps uint64, rec *qRecord, hooks func(r int) qHooks) ([]error, [][]float32, []time.Duration) {
+	n := len(qs)
+	errs := make([]error, n)
+	finals := make([][]float32, n)
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for r, q := range qs {
+		finals[r] = make([]float32, q.Len())
+		var h qHooks
+		if hooks != nil {
+			h = hooks(r)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			errs[r] = train(context.Background(), q, steps, rec, h, finals[r])
+			took[r] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	return errs, finals, took
+}
+
+// sameBits fails unless got equals want bit for bit.
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: element %d is %g, want %g", what, i, got[i], want[i])
+		}
+	}
+}
+
+// checkNoQuorumGoroutines waits for every goroutine of the quorum code to
+// end.
+func checkNoQuorumGoroutines(t *testing.T) {
+	t.Helper()
+	var stacks string
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		leaked := false
+		for g := range strings.SplitSeq(stacks, "\n\n") {
+			if strings.Contains(g, "collective.(*coord)") || strings.Contains(g, "collective.(*Quorum)") {
+				leaked = true
+			}
+		}
+		if !leaked {
+			return
+		}
+	}
+	t.Fatalf("quorum goroutines still running:\n%s", stacks)
+}
+
+// TestQuorumSync: with Need = N every contribution is accepted, and the run
+// is synchronous averaging: the final state on every rank equals a naive
+// recomputation bit for bit.
+func TestQuorumSync(t *testing.T) {
+	for n := 1; n <= 5; n++ {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			const steps = 8
+			qs := joinQuorum(t, n, n, steps, nil)
+			var rec qRecord
+			errs, finals, _ := runQuorum(qs, steps, &rec, nil)
+			noErrors(t, errs)
+			for s := uint64(1); s <= steps; s++ {
+				if len(rec.acc[s]) != n {
+					t.Fatalf("step %d: accepted %v, want all %d ranks", s, rec.acc[s], n)
+				}
+			}
+			want := rec.replay(t, steps, n)
+			for r := range n {
+				sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
+			}
+			for r, q := range qs {
+				if err := q.Close(); err != nil {
+					t.Errorf("close rank %d: %v", r, err)
+				}
+			}
+			checkNoQuorumGoroutines(t)
+		})
+	}
+}
+
+// TestQuorumStraggler: N = 4, Need = 3, rank 3 sleeps before every Submit.
+// The others go at their own speed, rank 3's contributions are (nearly all)
+// rejected, and rank 3 still gets the final release and exits cleanly.
+func TestQuorumStraggler(t *testing.T) {
+	const n, need, steps, slow = 4, 3, 20, 40 * time.Millisecond
+	qs := joinQuorum(t, n, need, steps, nil)
+	var rec qRecord
+	var closeErr error
+	var closed time.Duration
+	errs, finals, took := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		switch r {
+		case 0: // closes as soon as it has the final release
+			return qHooks{afterNext: func(step uint64) {
+				if step > steps {
+					start := time.Now()
+					closeErr = qs[0].Close()
+					closed = time.Since(start)
+				}
+			}}
+		case 3:
+			return qHooks{beforeSubmit: func(uint64) { time.Sleep(slow) }}
+		}
+		return qHooks{}
+	})
+	noErrors(t, errs)
+	if closeErr != nil {
+		t.Errorf("rank 0 Close: %v", closeErr)
+	}
+	t.Logf("rank 0's Close waited %s for the others to fetch the final release", closed.Round(time.Millisecond))
+	want := rec.replay(t, steps, need)
+	for r := range n {
+		sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
+	}
+	slowAccepted := 0
+	for _, ranks := range rec.acc {
+		if slices.Contains(ranks, 3) {
+			slowAccepted++
+		}
+	}
+	t.Logf("rank 3 accepted in %d of %d steps; fast ranks took %v, rank 3 %v", slowAccepted, steps, took[:3], took[3])
+	if slowAccepted > steps/4 {
+		t.Errorf("rank 3 was accepted in %d of %d steps", slowAccepted, steps)
+	}
+	for r := range 3 {
+		if took[r] > steps*slow/2 {
+			t.Errorf("rank %d took %s: it waited for the straggler", r, took[r])
+		}
+	}
+	for r, q := range qs {
+		if err := q.Close(); err != nil {
+			t.Errorf("close rank %d: %v", r, err)
+		}
+	}
+	checkNoQuorumGoroutines(t)
+}
+
+// TestQuorumDoneOrdering: a step is released (and Update called) only after
+// every accepted rank called Done, however late within Timeout.
+func TestQuorumDoneOrdering(t *testing.T) {
+	const n, need, steps = 4, 3, 12
+	var mu sync.Mutex
+	doneCalled := make(map[uint64]int) // step -> Done calls started
+	var violations atomic.Int32
+	checkStep := func(where string, step uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if doneCalled[step] != need {
+			if violations.Add(1) < 5 {
+				t.Errorf("%s: step %d had %d of %d Done calls", where, step, doneCalled[step], need)
+			}
+		}
+	}
+	qs := joinQuorum(t, n, need, steps, func(c *QuorumConfig) {
+		if c.Rank == 0 {
+			c.Update = func(step uint64, sum []float32, k int, state []float32) {
+				checkStep("Update", step)
+				sgd(step, sum, k, state)
+			}
+		}
+	})
+	var rec qRecord
+	errs, _, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		return qHooks{
+			beforeDone: func(step uint64) {
+				// The higher the rank, the longer its side effects take.
+				time.Sleep(time.Duration(r) * 5 * time.Millisecond)
+				mu.Lock()
+				doneCalled[step]++
+				mu.Unlock()
+			},
+			afterNext: func(step uint64) {
+				if step > 1 {
+					checkStep(fmt.Sprintf("rank %d got step %d", r, step), step-1)
+				}
+			},
+		}
+	})
+	noErrors(t, errs)
+	if v := violations.Load(); v > 0 {
+		t.Fatalf("%d ordering violations", v)
+	}
+}
+
+// TestQuorumRankLeaves: N = 4, Need = 3; rank 3 leaves (closes) right after
+// an accepted Submit, without Done. Its contribution counts, the step is
+// released without its Done, and the others finish the run.
+func TestQuorumRankLeaves(t *testing.T) {
+	const n, need, steps, leaveFrom = 4, 3, 10, 4
+	qs := joinQuorum(t, n, need, steps, nil)
+	var rec qRecord
+	var left atomic.Uint64
+	errs, finals, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		switch r {
+		case 3:
+			return qHooks{leave: func(step uint64, accepted bool) bool {
+				if step >= leaveFrom && accepted {
+					left.Store(step)
+					return true
+				}
+				return false
+			}}
+		case 2: // slow, so that rank 3 is soon among the first Need
+			return qHooks{beforeSubmit: func(step uint64) {
+				if step >= leaveFrom {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}}
+		}
+		return qHooks{}
+	})
+	if !errors.Is(errs[3], errLeft) {
+		t.Fatalf("rank 3: %v", errs[3])
+	}
+	noErrors(t, errs[:3])
+	t.Logf("rank 3 left after its accepted Submit for step %d", left.Load())
+	want := rec.replay(t, steps, need)
+	for r := range 3 {
+		sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
+	}
+	for r, q := range qs {
+		if err := q.Close(); err != nil {
+			t.Errorf("close rank %d: %v", r, err)
+		}
+	}
+	checkNoQuorumGoroutines(t)
+}
+
+// TestQuorumCancelLeaves: rank 2's Next is cancelled while the step it waits
+// for is held up by a slow Done; rank 2 leaves the run, the other two
+// (Need = 2) finish it.
+func TestQuorumCancelLeaves(t *testing.T) {
+	const n, need, steps, at = 3, 2, 6, 3
+	qs := joinQuorum(t, n, need, steps, nil)
+	var rec qRecord
+	errs, finals, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		if r == 2 {
+			return qHooks{nextCtx: func(last uint64) (context.Context, context.CancelFunc) {
+				if last >= at {
+					return context.WithTimeout(context.Background(), 50*time.Millisecond)
+				}
+				return context.Background(), func() {}
+			}}
+		}
+		return qHooks{beforeDone: func(step uint64) {
+			if step >= at && step < at+2 {
+				time.Sleep(300 * time.Millisecond)
+			}
+		}}
+	})
+	if !errors.Is(errs[2], context.DeadlineExceeded) || !errors.Is(errs[2], ErrGroupBroken) {
+		t.Errorf("rank 2: %v, want DeadlineExceeded and ErrGroupBroken", errs[2])
+	}
+	noErrors(t, errs[:2])
+	want := rec.replay(t, steps, need)
+	for r := range 2 {
+		sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
+	}
+	if _, err := qs[2].Next(context.Background(), make([]float32, qLen)); !errors.Is(err, ErrGroupBroken) {
+		t.Errorf("rank 2 after leaving: %v, want ErrGroupBroken", err)
+	}
+}
+
+// TestQuorumLost: ranks leave until fewer than Need are left: every other
+// rank fails quickly with ErrQuorumLost, rank 0's error names the lost rank,
+// and no goroutine is left behind.
+func TestQuorumLost(t *testing.T) {
+	cases := []struct {
+		n, need int
+		leave   []int
+	}{
+		{3, 3, []int{2}},
+		{4, 3, []int{1, 3}},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("n%d_need%d", tc.n, tc.need), func(t *testing.T) {
+			const steps, at = 10, 3
+			qs := joinQuorum(t, tc.n, tc.need, steps, nil)
+			var rec qRecord
+			errs, _, took := runQuorum(qs, steps, &rec, func(r int) qHooks {
+				if slices.Contains(tc.leave, r) {
+					return qHooks{leave: func(step uint64, _ bool) bool { return step >= at }}
+				}
+				return qHooks{}
+			})
+			for r, err := range errs {
+				if slices.Contains(tc.leave, r) {
+					if !errors.Is(err, errLeft) {
+						t.Errorf("rank %d: %v", r, err)
+					}
+					continue
+				}
+				t.Logf("rank %d after %s: %v", r, took[r].Round(time.Millisecond), err)
+				if !errors.Is(err, ErrQuorumLost) || !errors.Is(err, ErrGroupBroken) {
+					t.Errorf("rank %d: %v, want ErrQuorumLost and ErrGroupBroken", r, err)
+				}
+				if took[r] > 2*time.Second {
+					t.Errorf("rank %d failed after %s", r, took[r])
+				}
+			}
+			var pe *PeerError
+			if !errors.As(errs[0], &pe) || !slices.Contains(tc.leave, pe.Peer) {
+				t.Errorf("rank 0: %v does not name a lost rank", errs[0])
+			}
+			for _, q := range qs {
+				if _, err := q.Next(context.Background(), make([]float32, qLen)); !errors.Is(err, ErrGroupBroken) && !errors.Is(err, ErrClosed) {
+					t.Errorf("rank %d after the failure: %v", q.Rank(), err)
+				}
+				q.Close()
+			}
+			checkNoQuorumGoroutines(t)
+		})
+	}
+}
+
+// TestQuorumStall: rank 2 stays connected but never submits. With Need = 3
+// the step cannot complete: everyone fails after StepTimeout, including
+// rank 2 when it finally calls.
+func TestQuorumStall(t *testing.T) {
+	const stepTimeout = 300 * time.Millisecond
+	qs := joinQuorum(t, 3, 3, 5, func(c *QuorumConfig) { c.StepTimeout = stepTimeout })
+	var rec qRecord
+	errs, _, took := runQuorum(qs[:2], 5, &rec, nil)
+	for r, err := range errs {
+		t.Logf("rank %d after %s: %v", r, took[r].Round(time.Millisecond), err)
+		if !errors.Is(err, ErrQuorumLost) || !strings.Contains(err.Error(), "StepTimeout") {
+			t.Errorf("rank %d: %v, want ErrQuorumLost after StepTimeout", r, err)
+		}
+		if took[r] > stepTimeout+time.Second {
+			t.Errorf("rank %d failed after %s", r, took[r])
+		}
+	}
+	_, err := qs[2].Next(context.Background(), make([]float32, qLen))
+	if !errors.Is(err, ErrGroupBroken) {
+		t.Errorf("rank 2: %v, want ErrGroupBroken", err)
+	}
+	t.Logf("rank 2: %v", err)
+}
+
+// TestQuorumLateDone: a rank that does not call Done within Timeout of its
+// accepted Submit is dropped (its Done fails and says why); its contribution
+// counts and the others finish.
+func TestQuorumLateDone(t *testing.T) {
+	const n, need, steps, timeout = 3, 2, 6, 300 * time.Millisecond
+	qs := joinQuorum(t, n, need, steps, func(c *QuorumConfig) { c.Timeout = timeout })
+	var rec qRecord
+	var slept atomic.Bool
+	errs, finals, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		if r != 1 { // slow until rank 1 had an accepted Submit
+			return qHooks{beforeSubmit: func(uint64) {
+				if !slept.Load() {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}}
+		}
+		return qHooks{beforeDone: func(step uint64) {
+			if !slept.Swap(true) {
+				time.Sleep(2 * timeout)
+			}
+		}}
+	})
+	if !errors.Is(errs[1], ErrGroupBroken) || !strings.Contains(errs[1].Error(), "did not call Done") {
+		t.Errorf("rank 1: %v, want a drop for a late Done", errs[1])
+	}
+	t.Logf("rank 1: %v", errs[1])
+	noErrors(t, []error{errs[0], errs[2]})
+	want := rec.replay(t, steps, need)
+	sameBits(t, "rank 0 final state", finals[0], want)
+	sameBits(t, "rank 2 final state", finals[2], want)
+}
+
+// TestQuorumCoordinatorCrash: rank 0 dies (its connections close without a
+// word) in the middle of the run: the others fail at once with a PeerError
+// naming rank 0.
+func TestQuorumCoordinatorCrash(t *testing.T) {
+	const n, need, steps, timeout = 3, 3, 10, 500 * time.Millisecond
+	qs := joinQuorum(t, n, need, steps, func(c *QuorumConfig) { c.Timeout = timeout })
+	var rec qRecord
+	var crashed time.Time
+	errs, _, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		if r != 1 { // rank 1 sees the crash at once
+			return qHooks{}
+		}
+		return qHooks{afterNext: func(step uint64) {
+			if step >= 4 && crashed.IsZero() {
+				crashed = time.Now()
+				qs[0].co.teardown()
+			}
+		}}
+	})
+	for r := 1; r < n; r++ {
+		var pe *PeerError
+		if !errors.As(errs[r], &pe) || pe.Peer != 0 || !errors.Is(errs[r], ErrPeerFailed) || !errors.Is(errs[r], ErrGroupBroken) {
+			t.Errorf("rank %d: %v, want a PeerError naming rank 0", r, errs[r])
+		}
+	}
+	if d := time.Since(crashed); d > timeout+time.Second {
+		t.Errorf("the ranks failed %s after the crash", d)
+	}
+	t.Logf("rank 0: %v\nrank 1: %v", errs[0], errs[1])
+}
+
+// TestQuorumCoordinatorClosesEarly: rank 0 closes before the final release:
+// the others fail at once, saying so.
+func TestQuorumCoordinatorClosesEarly(t *testing.T) {
+	const n, need, steps = 3, 3, 10 // Need = N: no rank skips a step
+	qs := joinQuorum(t, n, need, steps, nil)
+	var rec qRecord
+	errs, _, took := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		if r != 0 {
+			return qHooks{}
+		}
+		return qHooks{afterNext: func(step uint64) {
+			if step >= 3 {
+				qs[0].Close()
+			}
+		}}
+	})
+	if !errors.Is(errs[0], ErrClosed) {
+		t.Errorf("rank 0: %v, want ErrClosed", errs[0])
+	}
+	for r := 1; r < n; r++ {
+		if !errors.Is(errs[r], ErrGroupBroken) || !strings.Contains(errs[r].Error(), "closed the run at step") {
+			t.Errorf("rank %d: %v", r, errs[r])
+		}
+		if took[r] > time.Second {
+			t.Errorf("rank %d failed after %s", r, took[r])
+		}
+	}
+	t.Logf("rank 1: %v", errs[1])
+}
+
+// fakeCoordinator accepts one rank, starts the run and then never answers.
+func fakeCoordinator(t *testing.T, ln net.Listener, cfg QuorumConfig) {
+	t.Helper()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Rank = 0
+	done := make(chan struct{})
+	t.Cleanup(func() { <-done })
+	go func() {
+		defer close(done)
+		defer ln.Close()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, err := readQHello(c); err != nil {
+			return
+		}
+		reply := cfg.hello(statusOK, qLen, "")
+		c.Write(reply.marshal())
+		qc := &qconn{conn: c}
+		qc.write(context.Background(), time.Now().Add(time.Second), qheader{typ: qStart}, nil, "")
+		buf := make([]byte, 4096)
+		for { // swallow the requests until the rank hangs up
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// TestQuorumCoordinatorSilent: rank 0 is connected but stops answering: a
+// waiting Next fails within Timeout; a cancelled one at once.
+func TestQuorumCoordinatorSilent(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	for _, cancel := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cancel=%v", cancel), func(t *testing.T) {
+			lns, addrs := listeners(t, 1)
+			cfg := QuorumConfig{Config: Config{Rank: 1, Addrs: []string{addrs[0], ""}, Timeout: timeout, JoinTimeout: 2 * time.Second}, Need: 2, Steps: 3}
+			if cancel {
+				cfg.Timeout = 10 * time.Second
+			}
+			fakeCoordinator(t, lns[0], cfg)
+			q, err := JoinQuorum(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			ctx := context.Background()
+			if cancel {
+				var stop context.CancelFunc
+				ctx, stop = context.WithCancel(ctx)
+				time.AfterFunc(50*time.Millisecond, stop)
+			}
+			start := time.Now()
+			_, err = q.Next(ctx, make([]float32, qLen))
+			took := time.Since(start)
+			t.Logf("after %s: %v", took.Round(time.Millisecond), err)
+			var pe *PeerError
+			switch {
+			case cancel && !errors.Is(err, context.Canceled):
+				t.Errorf("%v, want context.Canceled", err)
+			case !cancel && (!errors.As(err, &pe) || pe.Peer != 0 || !strings.Contains(err.Error(), "did not answer")):
+				t.Errorf("%v, want a PeerError: rank 0 did not answer", err)
+			case took > timeout+time.Second:
+				t.Errorf("failed after %s", took)
+			}
+		})
+	}
+}
+
+// TestQuorumBadInput: misuse fails with a clear error and leaves the run
+// usable; the run then ends normally.
+func TestQuorumBadInput(t *testing.T) {
+	const steps = 2
+	qs := joinQuorum(t, 2, 2, steps, nil)
+	ctx := context.Background()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, q := range qs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = func() error {
+				state := make([]float32, qLen)
+				expect := func(what string, err, want error, text string) error {
+					if !errors.Is(err, want) || !strings.Contains(err.Error(), text) {
+						return fmt.Errorf("%s: %v, want %v mentioning %q", what, err, want, text)
+					}
+					return nil
+				}
+				checks := []func() error{
+					func() error {
+						_, err := q.Submit(ctx, 1, state)
+						return expect("Submit before Next", err, ErrConfig, "never released")
+					},
+					func() error { return expect("Done before Next", q.Done(ctx, 1), ErrConfig, "no accepted Submit") },
+					func() error {
+						_, err := q.Next(ctx, state[:5])
+						return expect("Next with a short buffer", err, ErrConfig, "5 elements")
+					},
+				}
+				for _, c := range checks {
+					if err := c(); err != nil {
+						return err
+					}
+				}
+				for s := uint64(1); s <= steps; s++ {
+					step, err := q.Next(ctx, state)
+					if err != nil || step != s {
+						return fmt.Errorf("Next: step %d, %v; want step %d", step, err, s)
+					}
+					checks := []func() error{
+						func() error {
+							_, err := q.Submit(ctx, s+1, state)
+							return expect("Submit of a future step", err, ErrConfig, "never released")
+						},
+						func() error {
+							_, err := q.Submit(ctx, s, state[1:])
+							return expect("Submit with a short buffer", err, ErrConfig, "999 elements")
+						},
+					}
+					for _, c := range checks {
+						if err := c(); err != nil {
+							return err
+						}
+					}
+					if ok, err := q.Submit(ctx, s, state); !ok || err != nil {
+						return fmt.Errorf("Submit: %v, %v", ok, err)
+					}
+					checks = []func() error{
+						func() error {
+							_, err := q.Submit(ctx, s, state)
+							return expect("second Submit", err, ErrConfig, "already submitted")
+						},
+						func() error {
+							_, err := q.Next(ctx, state)
+							return expect("Next before Done", err, ErrConfig, "Done")
+						},
+						func() error { return expect("Done of another step", q.Done(ctx, s+1), ErrConfig, "no accepted Submit") },
+					}
+					for _, c := range checks {
+						if err := c(); err != nil {
+							return err
+						}
+					}
+					if err := q.Done(ctx, s); err != nil {
+						return err
+					}
+					if err := expect("second Done", q.Done(ctx, s), ErrConfig, "already called"); err != nil {
+						return err
+					}
+				}
+				step, err := q.Next(ctx, state)
+				if err != nil || step != steps+1 {
+					return fmt.Errorf("final Next: step %d, %v", step, err)
+				}
+				if _, err := q.Submit(ctx, step, state); !errors.Is(err, ErrFinished) {
+					return fmt.Errorf("Submit of the final release: %v, want ErrFinished", err)
+				}
+				if _, err := q.Next(ctx, state); !errors.Is(err, ErrFinished) {
+					return fmt.Errorf("Next after the final release: %v, want ErrFinished", err)
+				}
+				return nil
+			}()
+		}()
+	}
+	wg.Wait()
+	noErrors(t, errs)
+	for r, q := range qs {
+		if err := q.Close(); err != nil {
+			t.Errorf("close rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestQuorumBusy: a call started while another is running fails with ErrBusy.
+func TestQuorumBusy(t *testing.T) {
+	qs := joinQuorum(t, 2, 2, 3, nil)
+	ctx := context.Background()
+	state := make([]float32, qLen)
+	if _, err := qs[1].Next(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qs[1].Submit(ctx, 1, state); err != nil {
+		t.Fatal(err)
+	}
+	if err := qs[1].Done(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Rank 0 has not submitted: rank 1's Next waits.
+	next := make(chan error)
+	go func() {
+		_, err := qs[1].Next(ctx, make([]float32, qLen))
+		next <- err
+	}()
+	for qs[1].op.TryLock() {
+		qs[1].op.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := qs[1].Submit(ctx, 1, state); !errors.Is(err, ErrBusy) {
+		t.Errorf("concurrent Submit: %v, want ErrBusy", err)
+	}
+	qs[1].Close()
+	if err := <-next; !errors.Is(err, ErrClosed) {
+		t.Errorf("Next interrupted by Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestQuorumConfigErrors(t *testing.T) {
+	base := func(r int) QuorumConfig {
+		c := QuorumConfig{Config: Config{Rank: r, Addrs: []string{"127.0.0.1:1", ""}}, Need: 2, Steps: 1}
+		if r == 0 {
+			c.Initial, c.Update = []float32{1}, sgd
+		}
+		return c
+	}
+	cases := []struct {
+		mod  func(*QuorumConfig)
+		want string
+	}{
+		{func(c *QuorumConfig) { c.Need = 0 }, "Need (0)"},
+		{func(c *QuorumConfig) { c.Need = 3 }, "Need (3)"},
+		{func(c *QuorumConfig) { c.Steps = 0 }, "Steps is 0"},
+		{func(c *QuorumConfig) { c.Initial = nil }, "needs Initial"},
+		{func(c *QuorumConfig) { c.Update = nil }, "needs Update"},
+		{func(c *QuorumConfig) { c.StepTimeout = -1 }, "StepTimeout"},
+		{func(c *QuorumConfig) { c.Addrs = nil }, "Addrs is empty"},
+	}
+	for _, tc := range cases {
+		c := base(0)
+		tc.mod(&c)
+		if _, err := JoinQuorum(context.Background(), c); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrConfig mentioning %q", tc.want, err, tc.want)
+		}
+	}
+}
+
+// TestQuorumJoinRefused: a rank whose settings differ from rank 0's is
+// refused at once; rank 0 times out saying why.
+func TestQuorumJoinRefused(t *testing.T) {
+	cases := []struct {
+		name string
+		mod  func(*QuorumConfig)
+		want string
+	}{
+		{"length", func(c *QuorumConfig) { c.Initial = make([]float32, qLen+1) }, "expects a state of 1001 elements"},
+		{"need", func(c *QuorumConfig) { c.Need = 1 }, "Need 1"},
+		{"steps", func(c *QuorumConfig) { c.Steps = 9 }, "Steps 9"},
+		{"job", func(c *QuorumConfig) { c.Job = "other" }, `job "other"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			lns, addrs := listeners(t, 1)
+			all := []string{addrs[0], ""}
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for r := range 2 {
+				cfg := QuorumConfig{Config: Config{Rank: r, Addrs: all, Job: "q", JoinTimeout: 500 * time.Millisecond}, Need: 2, Steps: 3}
+				if r == 0 {
+					cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
+				} else {
+					tc.mod(&cfg)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					q, err := JoinQuorum(context.Background(), cfg)
+					if q != nil {
+						q.Close()
+					}
+					errs[r] = err
+				}()
+			}
+			wg.Wait()
+			if !errors.Is(errs[1], ErrRefused) || !strings.Contains(errs[1].Error(), tc.want) {
+				t.Errorf("rank 1: %v, want ErrRefused mentioning %q", errs[1], tc.want)
+			}
+			if !errors.Is(errs[0], ErrJoinTimeout) || !strings.Contains(errs[0].Error(), tc.want) {
+				t.Errorf("rank 0: %v, want ErrJoinTimeout mentioning %q", errs[0], tc.want)
+			}
+		})
+	}
+}
+
+// TestQuorumJoinTimeout: a rank whose peers never all come is told so by
+// rank 0 instead of waiting for its own JoinTimeout.
+func TestQuorumJoinTimeout(t *testing.T) {
+	lns, addrs := listeners(t, 1)
+	all := []string{addrs[0], "", ""}
+	errs := make([]error, 2)
+	took := make([]time.Duration, 2)
+	var wg sync.WaitGroup
+	for r := range 2 { // rank 2 never comes
+		cfg := QuorumConfig{Config: Config{Rank: r, Addrs: all, JoinTimeout: 300 * time.Millisecond}, Need: 2, Steps: 3}
+		if r == 0 {
+			cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
+		} else {
+			cfg.JoinTimeout = 10 * time.Second
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[r] = JoinQuorum(context.Background(), cfg)
+			took[r] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		t.Logf("rank %d after %s: %v", r, took[r].Round(time.Millisecond), err)
+		if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "rank(s) 2") {
+			t.Errorf("rank %d: %v, want ErrJoinTimeout naming rank 2", r, err)
+		}
+		if took[r] > 2*time.Second {
+			t.Errorf("rank %d took %s", r, took[r])
+		}
+	}
+	checkNoQuorumGoroutines(t)
+}
+
+// TestQuorumCloseBounded: rank 0's Close after the final release waits at
+// most Timeout for a rank that never fetches it, and names that rank; the
+// rank then learns why.
+func TestQuorumCloseBounded(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	qs := joinQuorum(t, 2, 1, 1, func(c *QuorumConfig) { c.Timeout = timeout })
+	var rec qRecord
+	final := make([]float32, qLen)
+	if err := train(context.Background(), qs[0], 1, &rec, qHooks{}, final); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	closeErr := qs[0].Close()
+	took := time.Since(start)
+	if !errors.Is(closeErr, ErrPeerFailed) || !strings.Contains(closeErr.Error(), "rank(s) 1 did not fetch") {
+		t.Errorf("Close: %v, want an error naming rank 1", closeErr)
+	}
+	if took < timeout/2 || took > timeout+time.Second {
+		t.Errorf("Close took %s, Timeout is %s", took, timeout)
+	}
+	_, err := qs[1].Next(context.Background(), make([]float32, qLen))
+	if !errors.Is(err, ErrGroupBroken) || !strings.Contains(err.Error(), "did not fetch the final release") {
+		t.Errorf("rank 1: %v", err)
+	}
+	t.Logf("Close after %s: %v\nrank 1: %v", took.Round(time.Millisecond), closeErr, err)
+	checkNoQuorumGoroutines(t)
+}

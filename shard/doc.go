@@ -8,14 +8,23 @@
 //     traffic (replication.Mux) and server reflection; it serves /healthz and
 //     /debug/pprof on an optional HTTP port.
 //   - The metadata group: a Raft group over the same nodes whose FSM (meta.go)
-//     holds the table specs. Every node opens a replica of every shard of
-//     every table it finds there (reconcileLoop). The cluster is static for
-//     now: --peers lists every node and every node holds every shard.
+//     holds the table specs and the trainer job registry. Every node opens a
+//     replica of every shard of every table it finds there (reconcileLoop).
+//     The cluster is static for now: --peers lists every node and every node
+//     holds every shard.
+//   - The job registry (jobs.go): the rendezvous of a training job's
+//     trainers. Each registers its collective address with JoinJob and
+//     waits (Client.WaitJob) until all world ranks of its round are there; a
+//     newcomer to a complete round starts the next round, and the old
+//     round's trainers join again. Joins are metadata log entries, applied in
+//     commit order, so ranks are assigned alike on every replica and the
+//     registry survives the loss of any minority of nodes.
 //   - service: thin handlers. Each checks the request, calls the node or the
 //     shard's replication.Group, and converts the error with toStatus, the one
 //     table from sentinel errors to gRPC codes (errors.go). A request a
 //     follower cannot serve is refused with FailedPrecondition and a NotLeader
-//     detail naming the leader.
+//     detail naming the leader; job registry calls are forwarded to the
+//     metadata leader instead (onMetaLeader), one hop at most.
 //   - Client: dials any node, learns table specs and shard leaders, splits a
 //     batch by shard (ShardOf: a stable hash of the key), sends one
 //     PullBatch or PushBatch per node that leads some of them (a part the

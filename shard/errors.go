@@ -28,6 +28,21 @@ var (
 	// same ClientID and its pushes shadow this one's. Raised by the client
 	// only; no node answers it.
 	ErrClientIDReused = errors.New("client ID reused")
+	// ErrUnknownJob: the trainer job registry has no such job.
+	ErrUnknownJob = errors.New("unknown job")
+	// ErrRankTaken: a JoinJob asked for a rank of the job's current,
+	// incomplete round that another address holds, or its address already
+	// holds another rank of that round.
+	ErrRankTaken = errors.New("rank taken")
+	// ErrWorldMismatch: a JoinJob's world size differs from that of the job's
+	// current round, which is not complete yet (a complete round may be
+	// followed by one of another size).
+	ErrWorldMismatch = errors.New("world size mismatch")
+	// ErrJobRoundChanged: the job moved on from the round a trainer joined
+	// (a trainer joined a complete round and started a new one, or the job
+	// was deleted and registered anew). The trainer joins again. Raised by
+	// the client only (WaitJob); no node answers it.
+	ErrJobRoundChanged = errors.New("job round changed")
 )
 
 // codeOf is the one table from errors to gRPC codes. The first sentinel the
@@ -54,6 +69,10 @@ var codeOf = []struct {
 	{ErrWeakerConsistency, codes.InvalidArgument},
 	{ErrUnavailable, codes.Unavailable},
 	{ErrClientIDReused, codes.FailedPrecondition},
+	{ErrUnknownJob, codes.NotFound},
+	{ErrRankTaken, codes.AlreadyExists},
+	{ErrWorldMismatch, codes.InvalidArgument},
+	{ErrJobRoundChanged, codes.Aborted},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -13,48 +14,71 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// metaGroupID is the Raft group of the cluster's metadata: table specs.
+// metaGroupID is the Raft group of the cluster's metadata: table specs and
+// the trainer job registry.
 const metaGroupID = "meta"
 
 // Meta commands: a type byte, then the deterministic proto encoding of the
 // argument.
-const metaCreateTable byte = 1
+const (
+	metaCreateTable byte = 1 // a *shardpb.TableSpec
+	metaJoinJob     byte = 2 // a *shardpb.JoinJobRequest
+	metaDeleteJob   byte = 3 // a *shardpb.DeleteJobRequest
+)
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-func encodeMetaCreate(spec *shardpb.TableSpec) ([]byte, error) {
-	b, err := deterministic.Marshal(spec)
+func encodeMeta(cmd byte, arg proto.Message) ([]byte, error) {
+	b, err := deterministic.Marshal(arg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("meta: encoding command %d: %w", cmd, err)
 	}
-	return append([]byte{metaCreateTable}, b...), nil
+	return append([]byte{cmd}, b...), nil
 }
 
-// metaFSM is the metadata group's state machine: the table specs by name.
+// metaFSM is the metadata group's state machine: the table specs and the
+// trainer jobs, by name.
 //
 // Concurrency: raft calls Apply, Snapshot and Restore one at a time; readers
-// (tables, table) take mu. onChange is called after every change, from the
-// FSM goroutine, and must not block.
+// (list, table, job, jobList) take mu. onChange is called after every
+// change of the tables, from the FSM goroutine, and must not block; job
+// changes do not call it, since only tables concern the reconcile loop.
 type metaFSM struct {
-	mu       sync.RWMutex // guards tables
+	mu       sync.RWMutex // guards tables and jobs
 	tables   map[string]*shardpb.TableSpec
+	jobs     map[string]*shardpb.Job // values never modified: see jobs.go
 	onChange func()
 }
 
 func newMetaFSM(onChange func()) *metaFSM {
-	return &metaFSM{tables: map[string]*shardpb.TableSpec{}, onChange: onChange}
+	return &metaFSM{tables: map[string]*shardpb.TableSpec{}, jobs: map[string]*shardpb.Job{}, onChange: onChange}
 }
 
-// Apply returns the stored *shardpb.TableSpec or an error.
+// Apply returns, by command: the stored *shardpb.TableSpec, the joiner's
+// *shardpb.JoinJobResponse, nil for a deleted job; or an error. An error
+// changes nothing.
 func (m *metaFSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	if len(l.Data) == 0 || l.Data[0] != metaCreateTable {
-		return fmt.Errorf("meta: unknown command")
+	if len(l.Data) == 0 {
+		return fmt.Errorf("meta: empty command")
 	}
+	switch cmd, arg := l.Data[0], l.Data[1:]; cmd {
+	case metaCreateTable:
+		return m.applyCreate(arg)
+	case metaJoinJob:
+		return m.applyJoin(arg)
+	case metaDeleteJob:
+		return m.applyDelete(arg)
+	default:
+		return fmt.Errorf("meta: unknown command %d", cmd)
+	}
+}
+
+func (m *metaFSM) applyCreate(arg []byte) any {
 	spec := &shardpb.TableSpec{}
-	if err := proto.Unmarshal(l.Data[1:], spec); err != nil {
+	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
 	}
 	m.mu.Lock()
@@ -68,6 +92,61 @@ func (m *metaFSM) Apply(l *raft.Log) any {
 	return spec
 }
 
+func (m *metaFSM) applyJoin(arg []byte) any {
+	req := &shardpb.JoinJobRequest{}
+	if err := proto.Unmarshal(arg, req); err != nil {
+		return fmt.Errorf("meta: decoding job join: %w", err)
+	}
+	if err := checkJoinRequest(req); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	j, rank, err := joinJob(m.jobs[req.Job], req)
+	if err != nil {
+		return err
+	}
+	m.jobs[req.Job] = j
+	return &shardpb.JoinJobResponse{Rank: rank, Round: j.Round}
+}
+
+func (m *metaFSM) applyDelete(arg []byte) any {
+	req := &shardpb.DeleteJobRequest{}
+	if err := proto.Unmarshal(arg, req); err != nil {
+		return fmt.Errorf("meta: decoding job deletion: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.jobs[req.Job]; !ok {
+		return fmt.Errorf("job %q: %w", req.Job, ErrUnknownJob)
+	}
+	delete(m.jobs, req.Job)
+	return nil
+}
+
+// job returns the named job (not to be modified) or nil.
+func (m *metaFSM) job(name string) *shardpb.Job {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.jobs[name]
+}
+
+// jobList returns the jobs sorted by name.
+func (m *metaFSM) jobList() []*shardpb.Job {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return sortedByName(m.jobs, (*shardpb.Job).GetName)
+}
+
+func sortedByName[V any](byName map[string]V, name func(V) string) []V {
+	out := make([]V, 0, len(byName))
+	for _, v := range byName {
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b V) int { return strings.Compare(name(a), name(b)) })
+	return out
+}
+
 // table returns the named spec (not to be modified) or nil.
 func (m *metaFSM) table(name string) *shardpb.TableSpec {
 	m.mu.RLock()
@@ -79,33 +158,35 @@ func (m *metaFSM) table(name string) *shardpb.TableSpec {
 func (m *metaFSM) list() []*shardpb.TableSpec {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := make([]*shardpb.TableSpec, 0, len(m.tables))
-	for _, s := range m.tables {
-		out = append(out, s)
-	}
-	slices.SortFunc(out, func(a, b *shardpb.TableSpec) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
-	return out
+	return sortedByName(m.tables, (*shardpb.TableSpec).GetName)
 }
 
-// Snapshot: count u32, then per table in name order: length u32, spec.
+// Snapshot formats. Format 1, written before the job registry existed: the
+// table count u32, then per table in name order its length u32 and spec.
+// Format 2: metaSnapshotMarker u32, the format u32, then a
+// shardpb.MetaSnapshot. Restore reads both. The marker cannot begin a format 1
+// snapshot: 2^32-1 tables of at least 4 bytes each are far more than the
+// 256 MiB Restore reads.
+const (
+	metaSnapshotMarker  = 0xFFFFFFFF
+	metaSnapshotFormat  = 2
+	maxMetaSnapshotSize = 256 << 20
+)
+
+// Snapshot writes format 2. The tables and jobs are taken under one lock, so
+// they are of the same applied index.
 func (m *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
-	specs := m.list()
-	b := binary.LittleEndian.AppendUint32(nil, uint32(len(specs)))
-	for _, s := range specs {
-		enc, err := deterministic.Marshal(s)
-		if err != nil {
-			return nil, err
-		}
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(enc)))
-		b = append(b, enc...)
+	m.mu.RLock()
+	state := &shardpb.MetaSnapshot{
+		Tables: sortedByName(m.tables, (*shardpb.TableSpec).GetName),
+		Jobs:   sortedByName(m.jobs, (*shardpb.Job).GetName),
+	}
+	m.mu.RUnlock()
+	b := binary.LittleEndian.AppendUint32(nil, metaSnapshotMarker)
+	b = binary.LittleEndian.AppendUint32(b, metaSnapshotFormat)
+	b, err := deterministic.MarshalAppend(b, state)
+	if err != nil {
+		return nil, fmt.Errorf("meta: encoding snapshot: %w", err)
 	}
 	return metaSnapshot(b), nil
 }
@@ -124,35 +205,63 @@ func (metaSnapshot) Release() {}
 
 func (m *metaFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, 256<<20))
+	b, err := io.ReadAll(io.LimitReader(rc, maxMetaSnapshotSize))
 	if err != nil {
 		return fmt.Errorf("meta: reading snapshot: %w", err)
 	}
+	var tables map[string]*shardpb.TableSpec
+	jobs := map[string]*shardpb.Job{}
+	if len(b) >= 4 && binary.LittleEndian.Uint32(b) == metaSnapshotMarker {
+		if len(b) < 8 {
+			return fmt.Errorf("meta: %w: snapshot header truncated", store.ErrCorruptSnapshot)
+		}
+		if f := binary.LittleEndian.Uint32(b[4:]); f != metaSnapshotFormat {
+			return fmt.Errorf("meta: %w: snapshot format %d, this node reads formats 1 and %d", store.ErrSnapshotVersion, f, metaSnapshotFormat)
+		}
+		state := &shardpb.MetaSnapshot{}
+		if err := proto.Unmarshal(b[8:], state); err != nil {
+			return fmt.Errorf("meta: %w: %v", store.ErrCorruptSnapshot, err)
+		}
+		tables = make(map[string]*shardpb.TableSpec, len(state.Tables))
+		for _, s := range state.Tables {
+			tables[s.Name] = s
+		}
+		for _, j := range state.Jobs {
+			jobs[j.Name] = j
+		}
+	} else if tables, err = restoreTablesV1(b); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.tables, m.jobs = tables, jobs
+	m.mu.Unlock()
+	m.onChange()
+	return nil
+}
+
+// restoreTablesV1 reads a format 1 snapshot: tables only.
+func restoreTablesV1(b []byte) (map[string]*shardpb.TableSpec, error) {
 	bad := fmt.Errorf("meta: %w: table list truncated", store.ErrCorruptSnapshot)
 	if len(b) < 4 {
-		return bad
+		return nil, bad
 	}
 	n := binary.LittleEndian.Uint32(b)
 	b = b[4:]
-	tables := make(map[string]*shardpb.TableSpec, n)
+	tables := make(map[string]*shardpb.TableSpec, min(n, 1024))
 	for range n {
 		if len(b) < 4 {
-			return bad
+			return nil, bad
 		}
 		l := binary.LittleEndian.Uint32(b)
 		if uint32(len(b)-4) < l {
-			return bad
+			return nil, bad
 		}
 		s := &shardpb.TableSpec{}
 		if err := proto.Unmarshal(b[4:4+l], s); err != nil {
-			return fmt.Errorf("meta: %w: %v", store.ErrCorruptSnapshot, err)
+			return nil, fmt.Errorf("meta: %w: %v", store.ErrCorruptSnapshot, err)
 		}
 		tables[s.Name] = s
 		b = b[4+l:]
 	}
-	m.mu.Lock()
-	m.tables = tables
-	m.mu.Unlock()
-	m.onChange()
-	return nil
+	return tables, nil
 }

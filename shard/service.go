@@ -11,6 +11,7 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -283,15 +284,7 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 		addr, id := r.LeaderWithID()
 		return nil, toStatus(&replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
-	cmd, err := encodeMetaCreate(spec)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	f := r.Apply(cmd, 5*time.Second)
-	if err := f.Error(); err != nil {
-		return nil, toStatus(fmt.Errorf("creating table %q: %w: %w", spec.Name, replication.ErrUnknownOutcome, err))
-	}
-	if err, ok := f.Response().(error); ok {
+	if _, err := s.n.applyMeta(metaCreateTable, spec, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
 		return nil, toStatus(err)
 	}
 	// Answer once this node serves every shard, so the caller can push at once.
@@ -326,9 +319,124 @@ func (s *service) ListTables(context.Context, *shardpb.ListTablesRequest) (*shar
 	return &shardpb.ListTablesResponse{Tables: s.n.metaFSM.list()}, nil
 }
 
+// applyMeta commits a metadata command through this node, which must be the
+// metadata leader, and returns what metaFSM.Apply answered (what: the
+// operation, for errors). A failure to commit is ErrUnknownOutcome: the
+// entry may still commit, so a caller's retry must allow for it having been
+// applied (CreateTable's finds its table, JoinJob's its rank).
+func (n *Node) applyMeta(cmd byte, arg proto.Message, what string) (any, error) {
+	b, err := encodeMeta(cmd, arg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	f := n.meta.Raft.Apply(b, 5*time.Second)
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", what, replication.ErrUnknownOutcome, err)
+	}
+	if err, ok := f.Response().(error); ok {
+		return nil, err
+	}
+	return f.Response(), nil
+}
+
+// forwardedFromKey is the gRPC metadata key a node sets (to its ID) on a job
+// registry call it forwards to the metadata leader. A node receiving such a
+// call that is not the leader (any more) refuses it with a NotLeader hint
+// instead of forwarding it again: one hop at most, however leadership moves.
+const forwardedFromKey = "raftps-forwarded-from"
+
+// onMetaLeader serves a job registry call: with local if this node is the
+// metadata leader, else by forwarding it with remote to the leader over this
+// node's peer connection, whose answer, error status included, is passed
+// back. Trainers, unlike CreateTable's callers, may be given one node's
+// address only, and a follower's redirect could point where they cannot
+// go; a forward costs one hop between nodes that talk anyway.
+func onMetaLeader[Resp any](ctx context.Context, n *Node, local func() (*Resp, error),
+	remote func(context.Context, shardpb.ParameterServerClient) (*Resp, error)) (*Resp, error) {
+	r := n.meta.Raft
+	if r.State() == raft.Leader {
+		resp, err := local()
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return resp, nil
+	}
+	addr, id := r.LeaderWithID()
+	notLeader := &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
+	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(forwardedFromKey)) > 0 || addr == "" || string(addr) == n.cfg.Addr {
+		return nil, toStatus(notLeader)
+	}
+	ps, err := n.peerStub(string(addr))
+	if err != nil {
+		// The client may reach the leader where this node cannot.
+		return nil, toStatus(notLeader)
+	}
+	resp, err := remote(metadata.AppendToOutgoingContext(ctx, forwardedFromKey, n.cfg.ID), ps)
+	if err != nil {
+		st := status.Convert(err).Proto()
+		st.Message = fmt.Sprintf("node %s forwarded to the metadata leader %s: %s", n.cfg.ID, addr, st.Message)
+		return nil, status.ErrorProto(st)
+	}
+	return resp, nil
+}
+
+func (s *service) JoinJob(ctx context.Context, req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
+	if err := checkJoinRequest(req); err != nil {
+		return nil, toStatus(err)
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinJobResponse, error) {
+		out, err := s.n.applyMeta(metaJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
+		if err != nil {
+			return nil, err
+		}
+		resp, ok := out.(*shardpb.JoinJobResponse)
+		if !ok {
+			return nil, fmt.Errorf("joining job %q: the metadata group answered %T", req.Job, out)
+		}
+		return resp, nil
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.JoinJobResponse, error) {
+		return ps.JoinJob(ctx, req)
+	})
+}
+
+// GetJob answers on the metadata leader's word only, after a barrier, so
+// that a trainer that just joined sees its own join: a follower may not have
+// applied it yet.
+func (s *service) GetJob(ctx context.Context, req *shardpb.GetJobRequest) (*shardpb.GetJobResponse, error) {
+	if err := checkJobName(req.Job); err != nil {
+		return nil, toStatus(err)
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.GetJobResponse, error) {
+		if err := s.n.metaAuthoritative(); err != nil {
+			return nil, fmt.Errorf("job %q: %w: node %s %v", req.Job, ErrUnavailable, s.n.cfg.ID, err)
+		}
+		j := s.n.metaFSM.job(req.Job)
+		if j == nil {
+			return nil, fmt.Errorf("job %q: %w", req.Job, ErrUnknownJob)
+		}
+		return &shardpb.GetJobResponse{Job: j, Complete: jobComplete(j)}, nil
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.GetJobResponse, error) {
+		return ps.GetJob(ctx, req)
+	})
+}
+
+func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobResponse, error) {
+	if err := checkJobName(req.Job); err != nil {
+		return nil, toStatus(err)
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.DeleteJobResponse, error) {
+		if _, err := s.n.applyMeta(metaDeleteJob, req, fmt.Sprintf("deleting job %q", req.Job)); err != nil {
+			return nil, err
+		}
+		return &shardpb.DeleteJobResponse{}, nil
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.DeleteJobResponse, error) {
+		return ps.DeleteJob(ctx, req)
+	})
+}
+
 func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
-	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr}
+	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList()}
 	for _, p := range n.cfg.Peers {
 		resp.Nodes = append(resp.Nodes, &shardpb.NodeInfo{Id: p.ID, Addr: p.Addr})
 	}

@@ -26,6 +26,13 @@ type replicaJSON struct {
 	Memory  uint64 `json:"memory_bytes"`
 }
 
+type jobJSON struct {
+	Name       string `json:"name"`
+	Round      uint64 `json:"round"`
+	Registered int    `json:"registered"`
+	World      uint32 `json:"world"`
+}
+
 type nodeJSON struct {
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
@@ -50,6 +57,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	seen := map[string]bool{}
 	var nodes []nodeJSON
 	var replicas []replicaJSON
+	// Jobs as the metadata leader has them (the freshest view), else as the
+	// first node that answered has them.
+	var jobs []*shardpb.Job
+	haveJobs := false
 	for i := 0; i < len(addrs); i++ {
 		addr := addrs[i]
 		if seen[addr] {
@@ -67,9 +78,18 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		for _, p := range st.Nodes {
 			addrs = append(addrs, p.Addr)
 		}
+		metaLeader := false
 		for _, r := range st.Replicas {
 			replicas = append(replicas, replicaOf(st.NodeId, r))
+			metaLeader = metaLeader || (r.Group == "meta" && r.State == "leader")
 		}
+		if metaLeader || !haveJobs {
+			jobs, haveJobs = st.Jobs, true
+		}
+	}
+	jobRows := []jobJSON{}
+	for _, j := range jobs {
+		jobRows = append(jobRows, jobJSON{Name: j.Name, Round: j.Round, Registered: len(j.Members), World: j.World})
 	}
 	slices.SortFunc(nodes, func(a, b nodeJSON) int { return strings.Compare(a.Addr, b.Addr) })
 	slices.SortFunc(replicas, func(a, b replicaJSON) int {
@@ -82,7 +102,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		_ = printJSON(stdout, struct {
 			Nodes    []nodeJSON    `json:"nodes"`
 			Replicas []replicaJSON `json:"replicas"`
-		}{nodes, replicas})
+			Jobs     []jobJSON     `json:"jobs"`
+		}{nodes, replicas, jobRows})
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -93,6 +114,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS")
 	for _, r := range replicas {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Group, r.Node, r.State, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows)
+	}
+	if len(jobRows) > 0 {
+		fmt.Fprintln(tw, "\nJOB\tROUND\tRANKS")
+		for _, j := range jobRows {
+			fmt.Fprintf(tw, "%s\t%d\t%d/%d\n", j.Name, j.Round, j.Registered, j.World)
+		}
 	}
 	tw.Flush()
 	return 0

@@ -1078,7 +1078,10 @@ type StatusResponse struct {
 	Addr   string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
 	Nodes  []*NodeInfo            `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// The replicas this node holds: the metadata group's and every shard's.
-	Replicas      []*ReplicaStatus `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas []*ReplicaStatus `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The trainer jobs as this node's metadata replica has applied them,
+	// sorted by name: the metadata leader's are the most recent.
+	Jobs          []*Job `protobuf:"bytes,5,rep,name=jobs,proto3" json:"jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1137,6 +1140,13 @@ func (x *StatusResponse) GetNodes() []*NodeInfo {
 func (x *StatusResponse) GetReplicas() []*ReplicaStatus {
 	if x != nil {
 		return x.Replicas
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetJobs() []*Job {
+	if x != nil {
+		return x.Jobs
 	}
 	return nil
 }
@@ -1389,6 +1399,492 @@ func (x *NotLeader) GetLeaderAddr() string {
 	return ""
 }
 
+// JoinJobRequest registers the trainer at addr as one of world ranks of job.
+//
+// Rounds: a job's members belong to its current round, numbered from 1. If
+// the round is complete (all world ranks registered) and addr is not in it, a
+// new round starts (round + 1) with this trainer alone, and may have another
+// world size: a restarted or added trainer re-forms the job, and the trainers
+// of the old round, seeing the round change, join again. In an incomplete
+// round the world size must match the job's (INVALID_ARGUMENT otherwise), and
+// a rank held by another address is refused with ALREADY_EXISTS.
+type JoinJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// 1 to 64.
+	World uint32 `protobuf:"varint,2,opt,name=world,proto3" json:"world,omitempty"`
+	// 0 to world-1, or -1: the lowest rank free in the round when the join
+	// is applied.
+	Rank int32 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// The trainer's collective listen address, host:port.
+	Addr          string `protobuf:"bytes,4,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinJobRequest) Reset() {
+	*x = JoinJobRequest{}
+	mi := &file_raftps_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinJobRequest) ProtoMessage() {}
+
+func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinJobRequest.ProtoReflect.Descriptor instead.
+func (*JoinJobRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *JoinJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JoinJobRequest) GetWorld() uint32 {
+	if x != nil {
+		return x.World
+	}
+	return 0
+}
+
+func (x *JoinJobRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *JoinJobRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+type JoinJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Round         uint64                 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinJobResponse) Reset() {
+	*x = JoinJobResponse{}
+	mi := &file_raftps_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinJobResponse) ProtoMessage() {}
+
+func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinJobResponse.ProtoReflect.Descriptor instead.
+func (*JoinJobResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *JoinJobResponse) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *JoinJobResponse) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+type GetJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobRequest) Reset() {
+	*x = GetJobRequest{}
+	mi := &file_raftps_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobRequest) ProtoMessage() {}
+
+func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
+func (*GetJobRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type GetJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// Every rank of the round is registered.
+	Complete      bool `protobuf:"varint,2,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobResponse) Reset() {
+	*x = GetJobResponse{}
+	mi := &file_raftps_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobResponse) ProtoMessage() {}
+
+func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
+func (*GetJobResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *GetJobResponse) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
+type DeleteJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobRequest) Reset() {
+	*x = DeleteJobRequest{}
+	mi := &file_raftps_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobRequest) ProtoMessage() {}
+
+func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
+func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DeleteJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type DeleteJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobResponse) Reset() {
+	*x = DeleteJobResponse{}
+	mi := &file_raftps_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobResponse) ProtoMessage() {}
+
+func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
+func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{27}
+}
+
+// Job is a trainer job's current round, as the metadata group stores it.
+type Job struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	World uint32                 `protobuf:"varint,2,opt,name=world,proto3" json:"world,omitempty"`
+	Round uint64                 `protobuf:"varint,3,opt,name=round,proto3" json:"round,omitempty"`
+	// The registered ranks of the round, sorted by rank.
+	Members       []*JobMember `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Job) Reset() {
+	*x = Job{}
+	mi := &file_raftps_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Job) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Job) ProtoMessage() {}
+
+func (x *Job) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Job.ProtoReflect.Descriptor instead.
+func (*Job) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Job) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Job) GetWorld() uint32 {
+	if x != nil {
+		return x.World
+	}
+	return 0
+}
+
+func (x *Job) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *Job) GetMembers() []*JobMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type JobMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobMember) Reset() {
+	*x = JobMember{}
+	mi := &file_raftps_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobMember) ProtoMessage() {}
+
+func (x *JobMember) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobMember.ProtoReflect.Descriptor instead.
+func (*JobMember) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *JobMember) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *JobMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+// MetaSnapshot is the metadata group's state in a snapshot (format 2; see
+// shard/meta.go): tables and jobs, each sorted by name.
+type MetaSnapshot struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tables        []*TableSpec           `protobuf:"bytes,1,rep,name=tables,proto3" json:"tables,omitempty"`
+	Jobs          []*Job                 `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaSnapshot) Reset() {
+	*x = MetaSnapshot{}
+	mi := &file_raftps_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaSnapshot) ProtoMessage() {}
+
+func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaSnapshot.ProtoReflect.Descriptor instead.
+func (*MetaSnapshot) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *MetaSnapshot) GetTables() []*TableSpec {
+	if x != nil {
+		return x.Tables
+	}
+	return nil
+}
+
+func (x *MetaSnapshot) GetJobs() []*Job {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
 var File_raftps_proto protoreflect.FileDescriptor
 
 const file_raftps_proto_rawDesc = "" +
@@ -1455,12 +1951,13 @@ const file_raftps_proto_rawDesc = "" +
 	"\x11ListTablesRequest\"B\n" +
 	"\x12ListTablesResponse\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"\x0f\n" +
-	"\rStatusRequest\"\x9e\x01\n" +
+	"\rStatusRequest\"\xc2\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x13.raftps.v1.NodeInfoR\x05nodes\x124\n" +
-	"\breplicas\x18\x04 \x03(\v2\x18.raftps.v1.ReplicaStatusR\breplicas\".\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.raftps.v1.ReplicaStatusR\breplicas\x12\"\n" +
+	"\x04jobs\x18\x05 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\".\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xd7\x02\n" +
@@ -1484,12 +1981,39 @@ const file_raftps_proto_rawDesc = "" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
-	"leaderAddr*{\n" +
+	"leaderAddr\"`\n" +
+	"\x0eJoinJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
+	"\x05world\x18\x02 \x01(\rR\x05world\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04addr\x18\x04 \x01(\tR\x04addr\";\n" +
+	"\x0fJoinJobResponse\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\"!\n" +
+	"\rGetJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"N\n" +
+	"\x0eGetJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.raftps.v1.JobR\x03job\x12\x1a\n" +
+	"\bcomplete\x18\x02 \x01(\bR\bcomplete\"$\n" +
+	"\x10DeleteJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"\x13\n" +
+	"\x11DeleteJobResponse\"u\n" +
+	"\x03Job\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05world\x18\x02 \x01(\rR\x05world\x12\x14\n" +
+	"\x05round\x18\x03 \x01(\x04R\x05round\x12.\n" +
+	"\amembers\x18\x04 \x03(\v2\x14.raftps.v1.JobMemberR\amembers\"3\n" +
+	"\tJobMember\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"`\n" +
+	"\fMetaSnapshot\x12,\n" +
+	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\x12\"\n" +
+	"\x04jobs\x18\x02 \x03(\v2\x0e.raftps.v1.JobR\x04jobs*{\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x17\n" +
 	"\x13CONSISTENCY_BOUNDED\x10\x02\x12\x18\n" +
-	"\x14CONSISTENCY_EVENTUAL\x10\x032\xbf\x04\n" +
+	"\x14CONSISTENCY_EVENTUAL\x10\x032\x88\x06\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -1499,7 +2023,10 @@ const file_raftps_proto_rawDesc = "" +
 	"\rDescribeTable\x12\x1f.raftps.v1.DescribeTableRequest\x1a .raftps.v1.DescribeTableResponse\x12I\n" +
 	"\n" +
 	"ListTables\x12\x1c.raftps.v1.ListTablesRequest\x1a\x1d.raftps.v1.ListTablesResponse\x12=\n" +
-	"\x06Status\x12\x18.raftps.v1.StatusRequest\x1a\x19.raftps.v1.StatusResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\x06Status\x12\x18.raftps.v1.StatusRequest\x1a\x19.raftps.v1.StatusResponse\x12@\n" +
+	"\aJoinJob\x12\x19.raftps.v1.JoinJobRequest\x1a\x1a.raftps.v1.JoinJobResponse\x12=\n" +
+	"\x06GetJob\x12\x18.raftps.v1.GetJobRequest\x1a\x19.raftps.v1.GetJobResponse\x12F\n" +
+	"\tDeleteJob\x12\x1b.raftps.v1.DeleteJobRequest\x1a\x1c.raftps.v1.DeleteJobResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_raftps_proto_rawDescOnce sync.Once
@@ -1514,7 +2041,7 @@ func file_raftps_proto_rawDescGZIP() []byte {
 }
 
 var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(*TableSpec)(nil),             // 1: raftps.v1.TableSpec
@@ -1539,6 +2066,15 @@ var file_raftps_proto_goTypes = []any{
 	(*NodeInfo)(nil),              // 20: raftps.v1.NodeInfo
 	(*ReplicaStatus)(nil),         // 21: raftps.v1.ReplicaStatus
 	(*NotLeader)(nil),             // 22: raftps.v1.NotLeader
+	(*JoinJobRequest)(nil),        // 23: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 24: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 25: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 26: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 27: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 28: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 29: raftps.v1.Job
+	(*JobMember)(nil),             // 30: raftps.v1.JobMember
+	(*MetaSnapshot)(nil),          // 31: raftps.v1.MetaSnapshot
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
@@ -1556,27 +2092,38 @@ var file_raftps_proto_depIdxs = []int32{
 	1,  // 12: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
 	20, // 13: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
 	21, // 14: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	2,  // 15: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
-	4,  // 16: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
-	7,  // 17: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
-	9,  // 18: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
-	11, // 19: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
-	13, // 20: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
-	16, // 21: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
-	18, // 22: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	3,  // 23: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	5,  // 24: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	8,  // 25: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	10, // 26: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	12, // 27: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	14, // 28: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	17, // 29: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	19, // 30: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	23, // [23:31] is the sub-list for method output_type
-	15, // [15:23] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	29, // 15: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	29, // 16: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	30, // 17: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	1,  // 18: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
+	29, // 19: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	2,  // 20: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
+	4,  // 21: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
+	7,  // 22: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
+	9,  // 23: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
+	11, // 24: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
+	13, // 25: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
+	16, // 26: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
+	18, // 27: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
+	23, // 28: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	25, // 29: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	27, // 30: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	3,  // 31: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	5,  // 32: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	8,  // 33: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	10, // 34: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	12, // 35: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	14, // 36: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	17, // 37: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	19, // 38: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	24, // 39: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	26, // 40: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	28, // 41: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_raftps_proto_init() }
@@ -1590,7 +2137,7 @@ func file_raftps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,9 @@ const (
 	ParameterServer_DescribeTable_FullMethodName = "/raftps.v1.ParameterServer/DescribeTable"
 	ParameterServer_ListTables_FullMethodName    = "/raftps.v1.ParameterServer/ListTables"
 	ParameterServer_Status_FullMethodName        = "/raftps.v1.ParameterServer/Status"
+	ParameterServer_JoinJob_FullMethodName       = "/raftps.v1.ParameterServer/JoinJob"
+	ParameterServer_GetJob_FullMethodName        = "/raftps.v1.ParameterServer/GetJob"
+	ParameterServer_DeleteJob_FullMethodName     = "/raftps.v1.ParameterServer/DeleteJob"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -55,6 +58,19 @@ type ParameterServerClient interface {
 	ListTables(ctx context.Context, in *ListTablesRequest, opts ...grpc.CallOption) (*ListTablesResponse, error)
 	// Status describes this node and the replicas it holds.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// The trainer job registry, kept by the metadata group: trainers of a job
+	// find each other's collective addresses through it, in rounds (see
+	// JoinJobRequest). A metadata follower forwards these calls to the
+	// metadata leader.
+	//
+	// JoinJob registers one trainer in the job's current round, or starts a
+	// new round. Idempotent for an address already in the current round.
+	JoinJob(ctx context.Context, in *JoinJobRequest, opts ...grpc.CallOption) (*JoinJobResponse, error)
+	// GetJob returns the job's current round as the metadata leader knows it
+	// (linearizable). NOT_FOUND if there is no such job.
+	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
+	// DeleteJob removes the job. NOT_FOUND if there is no such job.
+	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
 }
 
 type parameterServerClient struct {
@@ -145,6 +161,36 @@ func (c *parameterServerClient) Status(ctx context.Context, in *StatusRequest, o
 	return out, nil
 }
 
+func (c *parameterServerClient) JoinJob(ctx context.Context, in *JoinJobRequest, opts ...grpc.CallOption) (*JoinJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinJobResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_JoinJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetJobResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_GetJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteJobResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_DeleteJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -167,6 +213,19 @@ type ParameterServerServer interface {
 	ListTables(context.Context, *ListTablesRequest) (*ListTablesResponse, error)
 	// Status describes this node and the replicas it holds.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// The trainer job registry, kept by the metadata group: trainers of a job
+	// find each other's collective addresses through it, in rounds (see
+	// JoinJobRequest). A metadata follower forwards these calls to the
+	// metadata leader.
+	//
+	// JoinJob registers one trainer in the job's current round, or starts a
+	// new round. Idempotent for an address already in the current round.
+	JoinJob(context.Context, *JoinJobRequest) (*JoinJobResponse, error)
+	// GetJob returns the job's current round as the metadata leader knows it
+	// (linearizable). NOT_FOUND if there is no such job.
+	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)
+	// DeleteJob removes the job. NOT_FOUND if there is no such job.
+	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -200,6 +259,15 @@ func (UnimplementedParameterServerServer) ListTables(context.Context, *ListTable
 }
 func (UnimplementedParameterServerServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedParameterServerServer) JoinJob(context.Context, *JoinJobRequest) (*JoinJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinJob not implemented")
+}
+func (UnimplementedParameterServerServer) GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetJob not implemented")
+}
+func (UnimplementedParameterServerServer) DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteJob not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -366,6 +434,60 @@ func _ParameterServer_Status_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_JoinJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).JoinJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_JoinJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).JoinJob(ctx, req.(*JoinJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_GetJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).GetJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_GetJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).GetJob(ctx, req.(*GetJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_DeleteJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).DeleteJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_DeleteJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).DeleteJob(ctx, req.(*DeleteJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -404,6 +526,18 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _ParameterServer_Status_Handler,
+		},
+		{
+			MethodName: "JoinJob",
+			Handler:    _ParameterServer_JoinJob_Handler,
+		},
+		{
+			MethodName: "GetJob",
+			Handler:    _ParameterServer_GetJob_Handler,
+		},
+		{
+			MethodName: "DeleteJob",
+			Handler:    _ParameterServer_DeleteJob_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -17,7 +17,7 @@ import (
 )
 
 // buildBinary builds cmd/raftps into a temp dir once per test binary run.
-func buildBinary(t *testing.T) string {
+func buildBinary(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "raftps")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/raftps/raftps/cmd/raftps")
@@ -30,7 +30,7 @@ func buildBinary(t *testing.T) string {
 
 // freePortRun finds a base port with n consecutive free gRPC ports and their
 // HTTP ports (base+100...).
-func freePortRun(t *testing.T, n int) int {
+func freePortRun(t testing.TB, n int) int {
 	t.Helper()
 	for try := 0; try < 50; try++ {
 		base := 20000 + rand.IntN(20000)
@@ -148,21 +148,8 @@ func TestBinaryClusterFailover(t *testing.T) {
 // 0 once both are done (the parent waits for its child), prints the --json
 // summary, and the model beats chance by far.
 func TestBinaryTrainProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin := buildBinary(t)
-	dir := filepath.Join(t.TempDir(), "cluster")
-	base := freePortRun(t, 3)
-	if out, err := exec.Command(bin, "cluster", "up", "--dir", dir, "--base-port", fmt.Sprint(base)).CombinedOutput(); err != nil {
-		t.Fatalf("cluster up: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command(bin, "cluster", "down", "--dir", dir).Run() })
-	addrs, err := os.ReadFile(filepath.Join(dir, "addrs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "train", "--trainers", "2", "--steps", "300", "--json", "--quiet", "--cluster", strings.TrimSpace(string(addrs)))
+	bin, addrs := binaryCluster(t)
+	cmd := exec.Command(bin, "train", "--trainers", "2", "--steps", "300", "--json", "--quiet", "--cluster", addrs)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -10,15 +10,18 @@
 //   - Data. Sample (sparse keys with optional values, dense features, label,
 //     true probability) and Batch (a mini-batch with its keys deduplicated in
 //     a fixed order). Keys are global uint64s with the field in the top 8 bits
-//     (MakeKey, KeyField, KeyID).
+//     (MakeKey, KeyField, KeyID). A Dataset gives samples by index: Synthetic
+//     (endless) or a SampleSet read from a file (read in epochs; LoadSpec
+//     reads criteo:PATH or libsvm:PATH and holds out the file's tail).
 //   - Synthetic: a CTR generator with a planted model. Per field, ids are
 //     drawn from a Zipf distribution; each key's true weight (and optional
 //     latent vector for a pairwise term) is a hash of (seed, key), so the
 //     model needs no memory; labels are Bernoulli(sigmoid(z)). Sample i is a
 //     function of (config, i), the same on every run and machine, and carries
 //     its true probability, so BayesMetrics gives the best achievable AUC and
-//     logloss of any sample set. DefaultSyntheticConfig has Criteo's shape:
-//     26 fields of 100,000 ids, about 25% positives, Bayes AUC about 0.80.
+//     logloss of any sample set. DefaultSyntheticConfig (8 fields of 100 ids,
+//     25% positives, Bayes AUC 0.81) is learnable in seconds;
+//     CriteoScaleSyntheticConfig has Criteo's 26 fields of 100,000 ids.
 //   - Readers: CriteoReader (Criteo TSV) and LibSVMReader; malformed lines
 //     give an error wrapping ErrFormat that names the line.
 //   - Metrics: AUC (exact, ties averaged) and LogLoss (clamped).
@@ -28,23 +31,33 @@
 //     pulled for Batch.Keys and the flat dense parameters, and returns the
 //     loss, the row gradients in the same layout (to push) and the dense
 //     gradient (to allreduce); see Model for the step.
+//   - Train, in three modes (Mode):
+//   - sync: pull, gradients, push, then allreduce of the dense gradient
+//     (the step's barrier: every push of step t is acknowledged before any
+//     trainer pulls for t+1), so every trainer holds the same dense
+//     parameters. With a Quorum (backup workers) trainer 0 keeps the dense
+//     parameters and each step takes the first N-B gradients; late trainers
+//     push nothing for that step and catch up with the latest state.
+//   - async: the dense parameters live in the job's dense table (optimizer
+//     sgd:lr=1; trainers push DenseLR times their gradient); no trainer
+//     waits, and the next batch's rows are prefetched during the current
+//     step's compute.
+//   - ssp:S: as async without the prefetch (a trainer must read its own
+//     last push), and a trainer starts step t only when every trainer's
+//     clock, kept in the job's state table, has reached t-1-S.
+//   - Job state (jobstate.go): the state table (optimizer assign) holds the
+//     trainers' clocks, the sync checkpoint of the dense parameters (two
+//     slots; the header naming the live one is written last) and the dense
+//     table's initialised marker. A sync job restarted under its name resumes
+//     after the checkpoint; async and SSP trainers after their own clock.
 //
 // Synthetic, the models and the metrics are safe for concurrent use and never
-// modify a Batch or a Sample; a reader is for one goroutine.
+// modify a Batch or a Sample; a reader is for one goroutine. Train runs on
+// the caller's goroutine plus one that prepares the next batches and, in
+// async mode, one prefetching the next rows; it does not retry pulls or
+// pushes itself (the client does, and only it can retry a push safely).
 //
-//   - Train: the synchronous training loop. Each step pulls the batch's rows
-//     from a ParamServer (shard.Client), computes gradients, pushes the row
-//     gradients (the table's optimizer applies them on the servers) and, with
-//     a collective.Group, averages the dense gradient by allreduce before an
-//     SGD step, so every trainer holds the same dense parameters. It
-//     evaluates on held-out synthetic samples against the Bayes-optimal AUC.
-//     Train runs on the caller's goroutine; it does not retry pulls or
-//     pushes itself (the client does, and only it can retry a push safely).
-//
-// # Not built yet
-//
-// Asynchronous and SSP modes, backup workers and straggler handling,
-// prefetching the next batch, checkpoints of the dense parameters, training
-// from the Criteo and libsvm readers in raftps train. See the issue
-// "Trainers" and ../shared/DESIGN.md.
+// Trainer 0 evaluates on the held-out set; training time (Result.Seconds,
+// Eval.Seconds) excludes evaluations so that the time-to-accuracy of modes
+// compares training alone.
 package trainer

@@ -6,7 +6,13 @@ import (
 )
 
 func TestSyntheticCalibration(t *testing.T) {
-	s, err := NewSynthetic(DefaultSyntheticConfig())
+	for name, cfg := range map[string]SyntheticConfig{"default": DefaultSyntheticConfig(), "criteo-scale": CriteoScaleSyntheticConfig()} {
+		t.Run(name, func(t *testing.T) { checkCalibration(t, cfg) })
+	}
+}
+
+func checkCalibration(t *testing.T, cfg SyntheticConfig) {
+	s, err := NewSynthetic(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +83,11 @@ func TestSyntheticDeterministic(t *testing.T) {
 	}
 }
 
-// TestSyntheticGolden pins the generator's output for the default config, so
+// TestSyntheticGolden pins the generator's output for the Criteo-scale config, so
 // a change that would alter every data set (and every recorded result) is
 // noticed. Update the digest only on purpose.
 func TestSyntheticGolden(t *testing.T) {
-	s, _ := NewSynthetic(DefaultSyntheticConfig())
+	s, _ := NewSynthetic(CriteoScaleSyntheticConfig())
 	var h uint64
 	for i := range uint64(1000) {
 		x := s.Sample(i)

@@ -70,7 +70,6 @@ func evaluate(t *testing.T, m Model, s *Synthetic, table map[uint64][]float32, d
 // checks that it approaches the Bayes-optimal AUC: the pieces fit.
 func TestTrainLRSmoke(t *testing.T) {
 	cfg := DefaultSyntheticConfig()
-	cfg.Fields, cfg.Vocab, cfg.WeightStd = 8, 100, 0.5
 	s, err := NewSynthetic(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +90,6 @@ func TestTrainLRSmoke(t *testing.T) {
 // rows initialised like a table's normal(0.1) initializer.
 func TestTrainDLRMSmoke(t *testing.T) {
 	cfg := DefaultSyntheticConfig()
-	cfg.Fields, cfg.Vocab, cfg.WeightStd = 8, 100, 0.5
 	s, err := NewSynthetic(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps demo", flag.ContinueOnError)
 	dir := fs.String("dir", "", "directory for the demo cluster (default: a temporary one, removed at the end)")
 	base := fs.Int("base-port", 7301, "gRPC port of the first node")
-	steps := fs.Int("steps", 1500, "training steps (the leader is killed 3s in)")
+	steps := fs.Int("steps", 3000, "training steps per trainer (a leader is killed half-way)")
 	trainers := fs.Int("trainers", 2, "synchronous trainers")
 	keep := fs.Bool("keep", false, "leave the cluster running at the end")
 	if rc := parse(fs, args, stderr); rc >= 0 {
@@ -85,7 +85,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 		return err
 	}
 	victim := d.Leaders[0].LeaderId
-	say("table demo_counts: shard 0 is led by %s; it will be killed 3s into the run", victim)
+	say("table demo_counts: shard 0 is led by %s; it will be killed half-way through training", victim)
 
 	var acked [counters]atomic.Int64
 	var failed atomic.Int64
@@ -133,13 +133,30 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 	})
 
 	say("training the DLRM-like model with %d trainers on synthetic CTR data (table train_dlrm) while pushes count on demo_counts", trainers)
-	killAfter := 3 * time.Second
+	// Trainer 0 records the AUC curve and asks for the kill half-way.
+	type point struct {
+		step int
+		wall time.Duration
+		eval trainer.Eval
+	}
+	var curve []point
+	killNow := make(chan struct{})
+	killStep := max(1, steps/2)
+	trainStart := time.Now()
+	afterStep := func(step int, e *trainer.Eval) {
+		if step == killStep {
+			close(killNow)
+		}
+		if e != nil {
+			curve = append(curve, point{step, time.Since(trainStart), *e})
+		}
+	}
 	var killed atomic.Bool
 	wg.Go(func() {
 		select {
 		case <-stop:
 			return
-		case <-time.After(killAfter):
+		case <-killNow:
 		}
 		killedAt.Store(time.Now().UnixNano())
 		if err := c.stop(victim, syscall.SIGKILL, 5*time.Second); err != nil {
@@ -149,8 +166,9 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 		killed.Store(true)
 		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
 	})
-	res, err := trainTogether(ctx, addrs, trainers, trainConfig{table: "train_dlrm", model: "dlrm", dim: 8, hidden: "32,16",
-		shards: 4, steps: steps, batch: 64, fields: 8, vocab: 100, seed: 1, job: "demo"}, out)
+	res, err := trainTogether(ctx, addrs, trainers, trainConfig{job: "demo", table: "train_dlrm", model: "dlrm", dim: 8, hidden: "32,16",
+		shards: 4, steps: steps, batch: 64, data: "synthetic", fields: 8, vocab: 100, seed: 1, mode: "sync",
+		slowRank: -1, ckptEvery: 100, evalEvery: max(1, steps/12), evalN: 20000, world: trainers, afterStep: afterStep}, out)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -165,7 +183,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 			return err
 		}
 	} else {
-		say("training ended before the kill at %s; run the demo with more --steps to see a failover under load", killAfter)
+		say("training ended before the kill; run the demo with more --steps to see a failover under load")
 	}
 	keys := make([]uint64, counters)
 	for i := range keys {
@@ -184,6 +202,14 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 			lost += want - have
 		case have > want:
 			doubled += have - want
+		}
+	}
+	say("held-out AUC of the DLRM-like model against the Bayes-optimal AUC of the planted model")
+	fmt.Fprintf(out, "  %6s %8s %8s %8s\n", "step", "time", "AUC", "Bayes")
+	for i, p := range curve {
+		fmt.Fprintf(out, "  %6d %7.1fs %8.4f %8.4f  %s\n", p.step, p.wall.Seconds(), p.eval.AUC, float64(p.eval.BayesAUC), strings.Repeat("#", max(0, int((p.eval.AUC-0.5)*100))))
+		if killed.Load() && p.step <= killStep && (i == len(curve)-1 || curve[i+1].step > killStep) {
+			fmt.Fprintf(out, "  %6d %7.1fs   <- %s killed (SIGKILL): leader of demo_counts/0\n", killStep, time.Duration(killedAt.Load()-trainStart.UnixNano()).Seconds(), victim)
 		}
 	}
 	say("summary")
@@ -230,7 +256,10 @@ func trainTogether(ctx context.Context, addrs []string, n int, tc trainConfig, o
 			}
 			defer cl.Close()
 			t := tc
-			t.rank, t.peers, t.listener, t.quiet = r, strings.Join(peers, ","), lns[r], r != 0
+			t.rank, t.world, t.peers, t.listener, t.quiet = r, n, strings.Join(peers, ","), lns[r], r != 0
+			if r != 0 {
+				t.afterStep = nil // trainer 0 reports for the job
+			}
 			results[r], errs[r] = train(ctx, cl, t, out)
 		})
 	}

@@ -99,7 +99,7 @@ bench-collective: ## allreduce bus bandwidth vs raw loopback TCP, N = 2, 4, 8, 8
 	@mkdir -p bin
 	$(GO) test ./collective -run '^$$' -bench 'BenchmarkAllReduce$$|BenchmarkLoopbackTCP' -benchtime 3x -timeout 30m | tee bin/bench-collective.txt
 
-bench-train: ## time to Bayes AUC - 0.01 of 4 trainers per mode, one slowed 3x, on a local cluster (~6 min)
+bench-train: ## time to Bayes AUC - 0.01 of 4 trainers per mode, one slowed 3x, on a local cluster (~15 min)
 	@mkdir -p bin
 	$(GO) test ./test -run '^$$' -bench 'BenchmarkTimeToAccuracy' -benchtime 1x -timeout 30m | tee bin/bench-train.txt
 

@@ -184,7 +184,7 @@ func BenchmarkTimeToAccuracy(b *testing.B) {
 	} {
 		b.Run(m.name, func(b *testing.B) {
 			for i := range b.N {
-				args := append([]string{"--cluster", addrs, "--trainers", "4", "--steps", "1200", "--eval-every", "20", "--eval-samples", "10000",
+				args := append([]string{"--cluster", addrs, "--trainers", "4", "--steps", "3000", "--eval-every", "50", "--eval-samples", "10000",
 					"--checkpoint-every", "0", "--job", fmt.Sprintf("tta-%s-%d", m.name, i)}, m.args...)
 				s := runTrain(b, bin, args...)
 				tt := 0.0

@@ -129,6 +129,12 @@ func TestTrainSynchronousTrainers(t *testing.T) {
 // row gradients of a step are averaged over trainers like the dense ones),
 // so their held-out AUCs and dense parameters agree within float rounding.
 func TestTrainTrainersMatchOne(t *testing.T) {
+	if raceDetector {
+		// A numerical check that takes minutes under the race detector;
+		// the trainer package's race tests run the same loop with four
+		// trainers, and make test-unit runs this one.
+		t.Skip("numerical check; run without -race")
+	}
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	for _, name := range []string{"one", "two", "four"} {
@@ -175,6 +181,12 @@ func TestTrainTrainersMatchOne(t *testing.T) {
 // the AUC rises to near the Bayes-optimal one (trainer/loop_test.go checks
 // the SSP bound and convergence over more steps).
 func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
+	if raceDetector {
+		// A numerical check that takes minutes under the race detector;
+		// the trainer package's race tests run the same loop with four
+		// trainers, and make test-unit runs this one.
+		t.Skip("numerical check; run without -race")
+	}
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	data := smallData(t)

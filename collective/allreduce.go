@@ -2,7 +2,9 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"iter"
 	"sync"
 )
 
@@ -85,17 +87,192 @@ func segment(j, n, l int) (lo, hi int) {
 // steps. At step t rank r sends segment r-t to r+1 and receives segment
 // r-1-t from r-1 (mod n): during reduce-scatter it adds what it receives to
 // its own segment; during allgather it copies it. Each segment travels as
-// frames of at most ChunkBytes, and within a step sending runs in its own
-// goroutine while this one receives and reduces, so sending chunk k overlaps
-// reducing chunk k-1. Steps are in lockstep on each rank (the sender of step
-// t+1 starts after step t is fully received), which costs about one chunk
-// of latency per step.
+// frames of at most ChunkBytes; frame (t, k) is chunk k of step t.
+//
+// One goroutine sends every frame of the operation while this one receives
+// and reduces. What step t+1 sends is exactly what step t received (segment
+// r-1-t, cut into the same chunks), so frame (t+1, k) can go as soon as
+// frame (t, k) is received and reduced: the receiver hands the sender a
+// token on ready for each such frame. The steps are not run one after the
+// other: both ends send and receive the frames in the same fixed wavefront
+// order (ringOrder), which interleaves the steps so that a chunk is
+// forwarded right after it was reduced, while it is still in cache, and a
+// rank's own chunk comes back summed soon after it was sent. Only the order
+// of frames on the wire changes; which rank adds what, and in which order,
+// does not.
+//
+// A chunk is never overwritten while it may still be being sent: a rank
+// receives into segment X during the allgather only the final sum of X,
+// which every rank's contribution to X went into, including the frame this
+// rank sent from X.
 //
 // Segment j is reduced along the chain j, j+1, ..., j-1: rank j+i computes
 // (x_j + ... + x_{j+i-1}) + x_{j+i}, and rank j-1 ends with the full sum (and
 // for Mean divides it by n). The allgather then copies those bytes to every
 // rank, so all ranks hold bit-identical results.
 func (s *opState) ring(buf []float32, op Op) error {
+	if ringSched == schedLockstep {
+		return s.ringLockstep(buf, op)
+	}
+	g := s.g
+	n, r, l := len(g.peers), g.cfg.Rank, len(buf)
+	right, left := g.peers[(r+1)%n], g.peers[(r-1+n)%n]
+	chunk := g.cfg.ChunkBytes / 4
+	scratch := g.scratchFloats(min(chunk, l/n+1))
+	steps := 2 * (n - 1)
+
+	// ready holds a token per frame received in steps 0..steps-2, each the
+	// go-ahead to forward that chunk; the sender takes them in the order the
+	// receiver gives them (ringOrder maps (t, k) to (t+1, k) order-
+	// preservingly). Its elements take no memory, so it can hold every token
+	// of the operation and the receiver never blocks on it. abort wakes a
+	// sender waiting for a token that will not come.
+	ready := make(chan struct{}, (steps-1)*((l/n+1)/chunk+1))
+	abort := make(chan struct{})
+	sendDone := make(chan struct{})
+	var sendErr error
+	go func() {
+		defer close(sendDone)
+		sendErr = s.ringSend(right, buf, chunk, ready, abort)
+		if sendErr != nil && sendErr != errAborted {
+			g.fail(sendErr)
+		}
+	}()
+
+	var recvErr error
+	for t, k := range ringOrder(n, r-1, l, chunk) {
+		rLo, rHi := segment(r-1-t, n, l)
+		lo := rLo + k*chunk
+		c := buf[lo:min(lo+chunk, rHi)]
+		if t < n-1 {
+			in := scratch[:len(c)]
+			if recvErr = s.recv(left, t, in); recvErr != nil {
+				break
+			}
+			addInto(c, in)
+			if t == n-2 && op == Mean {
+				divide(c, float32(n))
+			}
+		} else if recvErr = s.recv(left, t, c); recvErr != nil {
+			break
+		}
+		if t < steps-1 {
+			ready <- struct{}{}
+		}
+		if testHookRecv != nil {
+			testHookRecv(g, t)
+		}
+	}
+	if recvErr != nil {
+		g.fail(recvErr) // before the sender can fail on the cut connections
+		close(abort)
+	}
+	<-sendDone
+	if recvErr != nil {
+		return recvErr
+	}
+	return sendErr
+}
+
+// ringSend is the ring's sender: every frame of the operation in ringOrder.
+// Frames of step 0 (this rank's own segment) go at once; a frame (t, k) of
+// a later step waits for its token on ready.
+func (s *opState) ringSend(right *peer, buf []float32, chunk int, ready, abort <-chan struct{}) error {
+	n, r, l := len(s.g.peers), s.g.cfg.Rank, len(buf)
+	for t, k := range ringOrder(n, r, l, chunk) {
+		if t > 0 {
+			select {
+			case <-ready:
+			case <-abort:
+				return errAborted
+			}
+		}
+		sLo, sHi := segment(r-t, n, l)
+		lo := sLo + k*chunk
+		if err := s.send(right, t, buf[lo:min(lo+chunk, sHi)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ringOrder yields the frames (t, k) that rank r sends, which are the frames
+// rank r+1 receives, in wire order: at step t rank r sends segment r-t, in
+// chunks k = 0 .. chunks(t)-1 (one, possibly empty, if the segment is
+// empty). The default order is a wavefront: frames are sorted by
+// k+lag*t, then by t, so that frame (t+1, k) comes lag waves after (t, k)
+// and each link carries several steps at once. That order is preserved by
+// the map (t, k) -> (t+1, k), which is why one FIFO of tokens suffices, and
+// every frame a sender or receiver waits for comes earlier in it, so the
+// ring cannot deadlock. Under
+// schedStepMajor (benchmarks only) the order is by (t, k): the steps one
+// after the other, each chunk forwarded as soon as it is reduced.
+func ringOrder(n, r, l, chunk int) iter.Seq2[int, int] {
+	steps := 2 * (n - 1)
+	chunks := func(t int) int {
+		lo, hi := segment(r-t, n, l)
+		return max(1, (hi-lo+chunk-1)/chunk)
+	}
+	return func(yield func(t, k int) bool) {
+		if ringSched == schedStepMajor {
+			for t := range steps {
+				for k := range chunks(t) {
+					if !yield(t, k) {
+						return
+					}
+				}
+			}
+			return
+		}
+		most := 0
+		for t := range steps {
+			most = max(most, chunks(t))
+		}
+		// Frame (t+1, k) comes lag waves after (t, k). A lag of a few
+		// chunks rather than one leaves the sender some frames in hand
+		// while it waits for a token; with few chunks per segment a lag of
+		// one keeps the steps overlapping.
+		lag := min(4, max(1, most/4))
+		if ringLag > 0 {
+			lag = ringLag
+		}
+		for wave := 0; wave < most+lag*(steps-1); wave++ {
+			for t := range min(wave/lag+1, steps) {
+				if k := wave - lag*t; k < chunks(t) {
+					if !yield(t, k) {
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+// Ring schedules: the default wavefront, and two kept so that benchmarks
+// can compare them in one run.
+const (
+	schedWavefront = iota
+	schedStepMajor // pipelined, steps in order
+	schedLockstep  // ringLockstep, the ring before pipelining
+)
+
+// ringLag, if positive, overrides the wavefront's lag (benchmarks only).
+var ringLag = 0
+
+// ringSched selects the ring schedule (benchmarks only; set it while no
+// operation runs).
+var ringSched = schedWavefront
+
+// errAborted is what the ring's sender returns when the receiver failed
+// first; the receiver's error is the one reported.
+var errAborted = errors.New("collective: ring sender aborted")
+
+// ringLockstep runs the ring as it did before ring was pipelined across
+// steps: the same frames, the same additions in the same order, but step
+// t+1's sender starts only once step t is fully received, and it adds
+// with the plain Go loop. It is kept, behind ringSched, so that benchmarks
+// can compare the old ring with the new in one run.
+func (s *opState) ringLockstep(buf []float32, op Op) error {
 	g := s.g
 	n, r, l := len(g.peers), g.cfg.Rank, len(buf)
 	right, left := g.peers[(r+1)%n], g.peers[(r-1+n)%n]
@@ -125,7 +302,7 @@ func (s *opState) ring(buf []float32, op Op) error {
 				if recvErr = s.recv(left, t, in); recvErr != nil {
 					break
 				}
-				addInto(c, in)
+				addIntoGo(c, in)
 				if t == n-2 && op == Mean {
 					divide(c, float32(n))
 				}
@@ -259,9 +436,9 @@ func (s *opState) exchange(p *peer, step int, out, in []float32) error {
 	return sendErr
 }
 
-// addInto sets dst[i] = src[i] + dst[i] (the operand order matters only for
-// NaN payloads, but it is fixed).
-func addInto(dst, src []float32) {
+// addIntoGo sets dst[i] = src[i] + dst[i]: addInto in Go, for the tail
+// of a buffer and for other architectures.
+func addIntoGo(dst, src []float32) {
 	src = src[:len(dst)]
 	for i := range dst {
 		dst[i] = src[i] + dst[i]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -75,63 +76,167 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 	for _, n := range []int{2, 4, 8} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			const total = 64 << 20 // bytes per stream per iteration
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
-			conns := make([][2]net.Conn, n)
-			for i := range conns {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					b.Fatal(err)
-				}
-				s, err := ln.Accept()
-				if err != nil {
-					b.Fatal(err)
-				}
-				conns[i] = [2]net.Conn{c, s}
-				defer c.Close()
-				defer s.Close()
-			}
+			conns := loopbackConns(b, n)
 			b.SetBytes(total)
 			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			for _, cs := range conns {
-				wg.Add(2)
-				go func() {
-					defer wg.Done()
-					buf := make([]byte, 512<<10)
-					for range b.N {
-						for sent := 0; sent < total; sent += len(buf) {
-							if _, err := cs[0].Write(buf); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}
-				}()
-				go func() {
-					defer wg.Done()
-					buf := make([]byte, 512<<10)
-					for left := int64(total) * int64(b.N); left > 0; {
-						m, err := cs[1].Read(buf[:min(int64(len(buf)), left)])
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						left -= int64(m)
-					}
-				}()
-			}
-			wg.Wait()
-			sec := time.Since(start).Seconds()
+			sec := loopbackRun(b, conns, total, b.N, nil)
 			b.StopTimer()
 			per := float64(total) * float64(b.N) / sec / 1e9
 			b.ReportMetric(per, "stream-GB/s")
 			b.ReportMetric(per*float64(n), "aggregate-GB/s")
 		})
+	}
+}
+
+// loopbackConns opens n loopback TCP connections (client and server ends),
+// closed when the benchmark ends.
+func loopbackConns(b *testing.B, n int) [][2]net.Conn {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	conns := make([][2]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		conns[i] = [2]net.Conn{c, s}
+		b.Cleanup(func() { c.Close(); s.Close() })
+	}
+	return conns
+}
+
+// loopbackRun pushes iters*total bytes through every connection at once
+// (one writer and one reader goroutine each, 512 KiB writes) and returns the
+// elapsed seconds. With cold == nil the writer sends the same 512 KiB buffer
+// over and over and the reader reads into another, so both stay in cache.
+// Otherwise cold[i] holds two buffers of total bytes for connection i, which
+// the writer sends from and the reader receives into, 512 KiB at a time,
+// as a ring allreduce of total bytes sends from and receives into memory
+// that is not in cache.
+func loopbackRun(b *testing.B, conns [][2]net.Conn, total, iters int, cold [][2][]byte) float64 {
+	const piece = 512 << 10
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, cs := range conns {
+		src, dst := make([]byte, piece), make([]byte, piece)
+		if cold != nil {
+			src, dst = cold[i][0], cold[i][1]
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range iters {
+				for sent := 0; sent < total; sent += piece {
+					off := sent % len(src)
+					if _, err := cs[0].Write(src[off : off+piece]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for got := int64(0); got < int64(total)*int64(iters); {
+				off := int(got % int64(len(dst)))
+				m, err := cs[1].Read(dst[off:min(len(dst), off+piece)])
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				got += int64(m)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start).Seconds()
+}
+
+// BenchmarkRingSchedule compares, in one run and interleaved round by
+// round, the ring's schedules (lockstep: the ring before pipelining, with
+// the Go add loop; stepmajor: steps in order but pipelined; wavefront: the
+// default; lag1: the wavefront with a lag of one chunk) with raw
+// loopback TCP through as many streams as ranks, 64 MiB per stream: "hot"
+// as BenchmarkLoopbackTCP (the same 512 KiB buffers again and again, in
+// cache), and "cold" from and into 64 MiB buffers, as the ring sends from
+// and receives into a buffer larger than the cache. Each iteration runs one
+// allreduce of each schedule and each loopback transfer, in an order that
+// rotates, so that load from elsewhere on the machine hits all of them
+// alike. It reports each one's bus bandwidth (for loopback, the per-stream
+// rate), each schedule's busbw as a percentage of the hot loopback rate,
+// and the wavefront's speedup over lockstep, all from the median time.
+func BenchmarkRingSchedule(b *testing.B) {
+	scheds := []struct {
+		name  string
+		sched int
+		lag   int
+	}{{"lockstep", schedLockstep, 1}, {"stepmajor", schedStepMajor, 1}, {"wavefront", schedWavefront, 0}, {"lag1", schedWavefront, 1}}
+	for _, n := range []int{2, 4, 8} {
+		for _, size := range []int{4 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("N=%d/%s", n, byteSize(size)), func(b *testing.B) {
+				gs := makeGroup(b, n, func(c *Config) { c.Algorithm = Ring })
+				conns := loopbackConns(b, n)
+				bufs := make([][]float32, n)
+				for r := range bufs {
+					bufs[r] = make([]float32, size/4)
+				}
+				const wire = 64 << 20
+				cold := make([][2][]byte, n)
+				for i := range cold {
+					cold[i] = [2][]byte{make([]byte, wire), make([]byte, wire)}
+				}
+				hot, coldLoop := len(scheds), len(scheds)+1
+				sec := make([][]float64, len(scheds)+2) // per iteration
+				run := func(j int) float64 {
+					switch j {
+					case hot:
+						return loopbackRun(b, conns, wire, 1, nil)
+					case coldLoop:
+						return loopbackRun(b, conns, wire, 1, cold)
+					}
+					ringSched, ringLag = scheds[j].sched, scheds[j].lag
+					defer func() { ringSched, ringLag = schedWavefront, 0 }()
+					start := time.Now()
+					noErrors(b, onAll(gs, func(r int, g *Group) error {
+						return g.AllReduce(context.Background(), bufs[r], Sum)
+					}))
+					return time.Since(start).Seconds()
+				}
+				for j := range sec {
+					run(j) // warm up
+				}
+				b.ResetTimer()
+				for i := range b.N {
+					for j := range sec {
+						j = (j + i) % len(sec)
+						sec[j] = append(sec[j], run(j))
+					}
+				}
+				b.StopTimer()
+				// Medians, which a burst of load elsewhere moves less than means.
+				med := make([]float64, len(sec))
+				for j, ts := range sec {
+					slices.Sort(ts)
+					med[j] = (ts[(len(ts)-1)/2] + ts[len(ts)/2]) / 2
+				}
+				rate := func(j int) float64 { return float64(wire) / med[j] / 1e9 }
+				b.ReportMetric(rate(hot), "loopback-GB/s")
+				b.ReportMetric(rate(coldLoop), "loopback-cold-GB/s")
+				for j, sc := range scheds {
+					bus := float64(size) / med[j] / 1e9 * 2 * float64(n-1) / float64(n)
+					b.ReportMetric(bus, sc.name+"-busbw-GB/s")
+					b.ReportMetric(100*bus/rate(hot), sc.name+"-%loopback")
+				}
+				b.ReportMetric(med[0]/med[2], "wavefront-speedup")
+			})
+		}
 	}
 }
 

@@ -37,9 +37,12 @@
 // get the result at the end. Larger buffers use the ring: N-1 reduce-scatter
 // steps then N-1 allgather steps, each moving one of N nearly equal segments
 // to the next rank. Segments travel as frames of at most Config.ChunkBytes
-// (default 512 KiB); within a step one goroutine sends while another
-// receives and reduces, so sending chunk k overlaps reducing chunk k-1. The
-// steps themselves are in lockstep. Config.Algorithm forces either.
+// (default 512 KiB); one goroutine sends while another receives and
+// reduces, and a chunk is forwarded to the next step as soon as it is
+// reduced. Both ends put the frames of all steps on the wire in one fixed
+// interleaved (wavefront) order, so the steps overlap and a chunk is
+// forwarded while still in cache; the order of additions is the same as
+// if the steps ran one after the other. Config.Algorithm forces either.
 //
 // Broadcast of at most SmallBytes bytes goes down a binomial tree; larger
 // buffers down the chain root, root+1, ..., root-1, pipelined by chunk.

@@ -12,6 +12,11 @@
 //     replica of every shard of every table it finds there (reconcileLoop).
 //     The cluster is static for now: --peers lists every node and every node
 //     holds every shard.
+//   - Membership (membership.go): every node runs a hashicorp/memberlist on
+//     its gossip address and tracks each node's liveness (alive, suspect,
+//     dead) from its events; Status reports it with per-node replica and
+//     leader counts and the number of under-replicated shards. It informs
+//     only: placement does not act on it yet.
 //   - The job registry (jobs.go): the rendezvous of a training job's
 //     trainers. Each registers its collective address with JoinJob and
 //     waits (Client.WaitJob) until all world ranks of its round are there; a

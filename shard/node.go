@@ -48,7 +48,11 @@ type NodeConfig struct {
 	// requests are refused with ResourceExhausted. Raft traffic on the same
 	// port has its own, larger limit (replication.MaxRaftMessageBytes).
 	MaxMessageBytes int
-	Logger          hclog.Logger
+	// Gossip configures membership by memberlist: the gossip address
+	// (default: the gRPC host, port + 1000) and whom to join (default: every
+	// peer's default gossip address).
+	Gossip MembershipConfig
+	Logger hclog.Logger
 }
 
 // DefaultMaxMessageBytes is the default cap on one gRPC message.
@@ -103,6 +107,7 @@ type Node struct {
 	mux     *replication.Mux
 	meta    *replication.RaftReplica
 	metaFSM *metaFSM
+	members *membership
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
@@ -176,6 +181,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 	})
 
+	n.members, err = newMembership(cfg.Gossip, nodeMeta{ID: cfg.ID, Addr: cfg.Addr}, cfg.Peers, n.log.Named("memberlist"))
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+
 	n.wg.Go(n.reconcileLoop)
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
@@ -223,6 +234,10 @@ func (n *Node) peerStub(addr string) (shardpb.ParameterServerClient, error) {
 	}
 	return shardpb.NewParameterServerClient(cc), nil
 }
+
+// Members returns every node of the cluster with its liveness as this
+// node's gossip view has it, sorted by ID.
+func (n *Node) Members() []MemberInfo { return n.members.Members() }
 
 // MetaRaft returns the metadata group's Raft instance.
 func (n *Node) MetaRaft() *raft.Raft { return n.meta.Raft }
@@ -351,6 +366,12 @@ func (n *Node) Close() error {
 	var errs []error
 	n.once.Do(func() {
 		close(n.closed)
+		// Leave the gossip first: the others see this node dead at once.
+		if n.members != nil {
+			if err := n.members.close(); err != nil {
+				errs = append(errs, fmt.Errorf("memberlist: %w", err))
+			}
+		}
 		n.mu.Lock()
 		groups := n.groups
 		n.groups = map[string]*replication.Group{}

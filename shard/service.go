@@ -437,16 +437,54 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
 	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList()}
-	for _, p := range n.cfg.Peers {
-		resp.Nodes = append(resp.Nodes, &shardpb.NodeInfo{Id: p.ID, Addr: p.Addr})
-	}
 	resp.Replicas = append(resp.Replicas, replicaStatus(metaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
+	members := n.Members()
+	alive := map[string]bool{}
+	for _, m := range members {
+		alive[m.ID] = m.State == StateAlive
+	}
+	// Replica and leader counts per node, over this node's shard replicas:
+	// each group's Raft configuration names the nodes hosting it, and its
+	// known leader the node leading it.
+	replicas, leaders := map[string]uint32{}, map[string]uint32{}
 	for _, spec := range n.metaFSM.list() {
 		for sh := range spec.Shards {
+			// Where this node has no replica, the placement is today's
+			// static one: every peer holds every shard.
+			var hosts []string
+			for _, p := range n.cfg.Peers {
+				hosts = append(hosts, p.ID)
+			}
 			if g := n.Group(spec.Name, sh); g != nil {
-				resp.Replicas = append(resp.Replicas, replicaStatus(g.ID(), spec.Name, sh, g.Raft(), g.AppliedIndex(), g.Table()))
+				r := g.Raft()
+				st := replicaStatus(g.ID(), spec.Name, sh, r, g.AppliedIndex(), g.Table())
+				resp.Replicas = append(resp.Replicas, st)
+				if f := r.GetConfiguration(); f.Error() == nil {
+					hosts = hosts[:0]
+					for _, srv := range f.Configuration().Servers {
+						hosts = append(hosts, string(srv.ID))
+					}
+				}
+				for _, h := range hosts {
+					replicas[h]++
+				}
+				if st.LeaderId != "" {
+					leaders[st.LeaderId]++
+				}
+			}
+			live := 0
+			for _, h := range hosts {
+				if alive[h] {
+					live++
+				}
+			}
+			if live < int(spec.Replicas) {
+				resp.UnderReplicated++
 			}
 		}
+	}
+	for _, m := range members {
+		resp.Nodes = append(resp.Nodes, &shardpb.NodeInfo{Id: m.ID, Addr: m.Addr, State: m.State, Replicas: replicas[m.ID], Leaders: leaders[m.ID]})
 	}
 	return resp, nil
 }

@@ -34,14 +34,14 @@ func buildBinary(t testing.TB) string {
 }
 
 // freePortRun finds a base port with n consecutive free gRPC ports and their
-// HTTP ports (base+100...).
+// HTTP (base+100...) and gossip (base+1000...) ports.
 func freePortRun(t testing.TB, n int) int {
 	t.Helper()
 	for try := 0; try < 50; try++ {
 		base := 20000 + rand.IntN(20000)
 		ok := true
 		for i := 0; i < n && ok; i++ {
-			for _, p := range []int{base + i, base + 100 + i} {
+			for _, p := range []int{base + i, base + 100 + i, base + 1000 + i} {
 				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 				if err != nil {
 					ok = false

@@ -32,18 +32,35 @@ func FastRaft() replication.RaftConfig {
 	}
 }
 
+// FastGossip is a membership configuration for tests on loopback: a node
+// that stops answering is declared dead in about a second and a half.
+func FastGossip() shard.MembershipConfig {
+	return shard.MembershipConfig{
+		ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
+		GossipInterval: 50 * time.Millisecond, SuspicionMult: 4, RejoinInterval: 300 * time.Millisecond,
+	}
+}
+
 // StartCluster starts n nodes and waits until the metadata group has a
 // leader. Every node is closed when the test ends.
 func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, nodes: make([]*shard.Node, n)}
 	var peers []shard.Peer
-	for i, addr := range freeAddrs(t, n) {
+	addrs := freeAddrs(t, 2*n) // gRPC, then gossip
+	for i, addr := range addrs[:n] {
 		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: addr})
 	}
 	base := t.TempDir()
 	for i := range n {
-		c.cfgs = append(c.cfgs, shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft})
+		g := FastGossip()
+		g.Addr = addrs[n+i]
+		for j := range n {
+			if j != i {
+				g.Join = append(g.Join, addrs[n+j])
+			}
+		}
+		c.cfgs = append(c.cfgs, shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g})
 	}
 	var wg sync.WaitGroup
 	for i := range n {

@@ -60,7 +60,7 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 	n := fs.Int("nodes", 3, "number of nodes")
 	dir := fs.String("dir", "", "directory for the cluster's data, pids and logs (required)")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
-	base := fs.Int("base-port", 7001, "gRPC port of the first node; node K uses base+K-1, its HTTP port base+100+K-1")
+	base := fs.Int("base-port", 7001, "gRPC port of the first node; node K uses base+K-1, its HTTP port base+100+K-1, its gossip port base+1000+K-1")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the cluster to serve")
 	extra := fs.String("server-args", "", "extra arguments for every server, space-separated (e.g. \"--heartbeat-timeout 300ms\")")
 	if rc := parse(fs, args, stderr); rc >= 0 {
@@ -89,7 +89,11 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 	// cluster) would make this node exit, and the other process could
 	// answer in its place.
 	for _, nd := range c.Nodes {
-		for _, addr := range []string{nd.Addr, nd.HTTP} {
+		gossip, err := shard.DefaultGossipAddr(nd.Addr)
+		if err != nil {
+			return fail(stderr, "cluster up", err)
+		}
+		for _, addr := range []string{nd.Addr, nd.HTTP, gossip} {
 			if err := portFree(addr); err != nil {
 				return fail(stderr, "cluster up", fmt.Errorf("%s cannot use %s: %w (another cluster running? 'raftps cluster down --dir DIR', or pick another --base-port)", nd.ID, addr, err))
 			}
@@ -252,12 +256,18 @@ func (c *localCluster) stopAll(stderr io.Writer) {
 	}
 }
 
+// portFree checks addr's TCP port, and its UDP port too (gossip uses both).
 func portFree(addr string) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	return l.Close()
+	l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return err
+	}
+	return u.Close()
 }
 
 // logTail returns the last lines of a node's log, for error messages.

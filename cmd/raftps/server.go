@@ -20,6 +20,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	var (
 		cfg      shard.NodeConfig
 		peers    string
+		join     string
 		logLevel string
 	)
 	d := replication.DefaultRaftConfig()
@@ -28,6 +29,8 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.HTTPAddr, "http", "", "HTTP address for /healthz and /debug/pprof (empty: none)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for this node's Raft logs and snapshots (required)")
 	fs.StringVar(&peers, "peers", "", "every node of the cluster as ID=ADDR,... including this one (required)")
+	fs.StringVar(&cfg.Gossip.Addr, "gossip-addr", "", fmt.Sprintf("memberlist gossip address (UDP and TCP) to bind and advertise (default: the --addr host, port + %d)", shard.GossipPortOffset))
+	fs.StringVar(&join, "gossip-join", "", fmt.Sprintf("gossip addresses of other nodes to join, comma-separated (default: each --peers address with port + %d)", shard.GossipPortOffset))
 	fs.DurationVar(&cfg.Raft.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout: how long followers wait for a dead leader")
 	fs.DurationVar(&cfg.Raft.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.Raft.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
@@ -48,6 +51,11 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, "server", fmt.Errorf("--peers: %q is not ID=ADDR", p))
 		}
 		cfg.Peers = append(cfg.Peers, shard.Peer{ID: id, Addr: addr})
+	}
+	for _, a := range strings.Split(join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Gossip.Join = append(cfg.Gossip.Join, a)
+		}
 	}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "raftps", Level: hclog.LevelFromString(logLevel), Output: stderr})
 	node, err := shard.StartNode(cfg)

@@ -33,10 +33,16 @@ type jobJSON struct {
 	World      uint32 `json:"world"`
 }
 
+// nodeJSON is one node: its liveness by gossip as the metadata leader (else
+// the first node that answered) sees it, the shard replicas it hosts and
+// leads, and whether this command reached it.
 type nodeJSON struct {
-	ID    string `json:"id"`
-	Addr  string `json:"addr"`
-	State string `json:"state"` // "up", or "unreachable: ..."
+	ID       string `json:"id"`
+	Addr     string `json:"addr"`
+	State    string `json:"state"` // "alive", "suspect" or "dead" by gossip; "unknown" if no node said
+	Replicas uint32 `json:"replicas"`
+	Leaders  uint32 `json:"leaders"`
+	RPC      string `json:"rpc"` // "up", or "unreachable: ..."
 }
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
@@ -55,12 +61,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	// Ask the given nodes, and every peer any of them names.
 	addrs := cf.addrs()
 	seen := map[string]bool{}
-	var nodes []nodeJSON
 	var replicas []replicaJSON
-	// Jobs as the metadata leader has them (the freshest view), else as the
-	// first node that answered has them.
-	var jobs []*shardpb.Job
-	haveJobs := false
+	// Jobs and the gossip view as the metadata leader has them (the
+	// freshest view), else as the first node that answered has them.
+	var view *shardpb.StatusResponse
+	rpc := map[string]string{}             // by address
+	self := map[string]*shardpb.NodeInfo{} // each answering node about itself
 	for i := 0; i < len(addrs); i++ {
 		addr := addrs[i]
 		if seen[addr] {
@@ -71,21 +77,46 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		st, err := cl.Status(ctx, addr)
 		cancel()
 		if err != nil {
-			nodes = append(nodes, nodeJSON{Addr: addr, State: "unreachable: " + err.Error()})
+			rpc[addr] = "unreachable: " + err.Error()
 			continue
 		}
-		nodes = append(nodes, nodeJSON{ID: st.NodeId, Addr: addr, State: "up"})
+		rpc[addr] = "up"
 		for _, p := range st.Nodes {
-			addrs = append(addrs, p.Addr)
+			if p.Id == st.NodeId {
+				self[p.Id] = p
+			}
+			if p.Addr != "" {
+				addrs = append(addrs, p.Addr)
+			}
 		}
 		metaLeader := false
 		for _, r := range st.Replicas {
 			replicas = append(replicas, replicaOf(st.NodeId, r))
 			metaLeader = metaLeader || (r.Group == "meta" && r.State == "leader")
 		}
-		if metaLeader || !haveJobs {
-			jobs, haveJobs = st.Jobs, true
+		if metaLeader || view == nil {
+			view = st
 		}
+	}
+	var nodes []nodeJSON
+	var jobs []*shardpb.Job
+	underReplicated := uint32(0)
+	if view != nil {
+		jobs, underReplicated = view.Jobs, view.UnderReplicated
+		for _, p := range view.Nodes {
+			nd := nodeJSON{ID: p.Id, Addr: p.Addr, State: p.State, Replicas: p.Replicas, Leaders: p.Leaders, RPC: rpc[p.Addr]}
+			if me := self[p.Id]; me != nil {
+				nd.Replicas, nd.Leaders = me.Replicas, me.Leaders
+			}
+			if nd.RPC == "" {
+				nd.RPC = "not asked"
+			}
+			nodes = append(nodes, nd)
+			delete(rpc, p.Addr)
+		}
+	}
+	for addr, r := range rpc {
+		nodes = append(nodes, nodeJSON{Addr: addr, State: "unknown", RPC: r})
 	}
 	jobRows := []jobJSON{}
 	for _, j := range jobs {
@@ -100,17 +131,19 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	})
 	if cf.json {
 		_ = printJSON(stdout, struct {
-			Nodes    []nodeJSON    `json:"nodes"`
-			Replicas []replicaJSON `json:"replicas"`
-			Jobs     []jobJSON     `json:"jobs"`
-		}{nodes, replicas, jobRows})
+			Nodes           []nodeJSON    `json:"nodes"`
+			UnderReplicated uint32        `json:"under_replicated"`
+			Replicas        []replicaJSON `json:"replicas"`
+			Jobs            []jobJSON     `json:"jobs"`
+		}{nodes, underReplicated, replicas, jobRows})
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDR\tSTATE")
+	fmt.Fprintln(tw, "NODE\tADDR\tSTATE\tREPLICAS\tLEADERS\tRPC")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", n.ID, n.Addr, n.State)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", n.ID, n.Addr, n.State, n.Replicas, n.Leaders, n.RPC)
 	}
+	fmt.Fprintf(tw, "under-replicated shards: %d\n", underReplicated)
 	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS")
 	for _, r := range replicas {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Group, r.Node, r.State, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows)

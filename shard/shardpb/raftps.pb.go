@@ -1081,9 +1081,13 @@ type StatusResponse struct {
 	Replicas []*ReplicaStatus `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	// The trainer jobs as this node's metadata replica has applied them,
 	// sorted by name: the metadata leader's are the most recent.
-	Jobs          []*Job `protobuf:"bytes,5,rep,name=jobs,proto3" json:"jobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Jobs []*Job `protobuf:"bytes,5,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// The shards of all tables with fewer live replicas than their table's
+	// replicas, as this node sees it: a replica is live if its node is alive
+	// in this node's gossip (memberlist) view.
+	UnderReplicated uint32 `protobuf:"varint,6,opt,name=under_replicated,json=underReplicated,proto3" json:"under_replicated,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1151,10 +1155,27 @@ func (x *StatusResponse) GetJobs() []*Job {
 	return nil
 }
 
+func (x *StatusResponse) GetUnderReplicated() uint32 {
+	if x != nil {
+		return x.UnderReplicated
+	}
+	return 0
+}
+
+// NodeInfo is one node as the answering node sees it.
 type NodeInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The node's gRPC address.
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// Liveness by gossip: "alive", "suspect" or "dead" (also a node that left
+	// or was never heard from).
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// The table shard replicas the node hosts and the shard groups it leads,
+	// counted over the answering node's replicas (their Raft configuration
+	// and known leader; for the answering node itself, exactly its own).
+	Replicas      uint32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Leaders       uint32 `protobuf:"varint,5,opt,name=leaders,proto3" json:"leaders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1201,6 +1222,27 @@ func (x *NodeInfo) GetAddr() string {
 		return x.Addr
 	}
 	return ""
+}
+
+func (x *NodeInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetLeaders() uint32 {
+	if x != nil {
+		return x.Leaders
+	}
+	return 0
 }
 
 type ReplicaStatus struct {
@@ -1951,16 +1993,20 @@ const file_raftps_proto_rawDesc = "" +
 	"\x11ListTablesRequest\"B\n" +
 	"\x12ListTablesResponse\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"\x0f\n" +
-	"\rStatusRequest\"\xc2\x01\n" +
+	"\rStatusRequest\"\xed\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x13.raftps.v1.NodeInfoR\x05nodes\x124\n" +
 	"\breplicas\x18\x04 \x03(\v2\x18.raftps.v1.ReplicaStatusR\breplicas\x12\"\n" +
-	"\x04jobs\x18\x05 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\".\n" +
+	"\x04jobs\x18\x05 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\x12)\n" +
+	"\x10under_replicated\x18\x06 \x01(\rR\x0funderReplicated\"z\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xd7\x02\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
+	"\breplicas\x18\x04 \x01(\rR\breplicas\x12\x18\n" +
+	"\aleaders\x18\x05 \x01(\rR\aleaders\"\xd7\x02\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +

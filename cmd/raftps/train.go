@@ -110,8 +110,13 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 	tc.job = cmp.Or(tc.job, "train_"+tc.model)
 	var children *trainerProcs
 	if *trainers > 1 {
-		var err error
 		tc.world, tc.rank = *trainers, 0
+	}
+	if _, err := tc.check(); err != nil {
+		return fail(stderr, "train", err)
+	}
+	if *trainers > 1 {
+		var err error
 		if children, err = startTrainers(args, *trainers, stderr); err != nil {
 			return fail(stderr, "train", err)
 		}
@@ -354,6 +359,27 @@ func ensureTable(ctx context.Context, cl *shard.Client, spec *shardpb.TableSpec,
 	return nil
 }
 
+// check validates the flags that do not need the cluster or the data.
+func (tc *trainConfig) check() (trainer.Mode, error) {
+	mode, err := trainer.ParseMode(tc.mode)
+	if err != nil {
+		return mode, err
+	}
+	switch {
+	case tc.world < 1 || tc.world > collective.MaxRanks:
+		return mode, fmt.Errorf("--world %d: want 1..%d", tc.world, collective.MaxRanks)
+	case tc.rank < -1 || tc.rank >= tc.world:
+		return mode, fmt.Errorf("--rank %d: want 0..%d (or -1 to be assigned one)", tc.rank, tc.world-1)
+	case tc.rank == -1 && tc.peers != "":
+		return mode, errors.New("--rank -1 needs the cluster's job registry, not --peers")
+	case tc.backup < 0 || (tc.backup > 0 && (tc.backup >= tc.world || mode.Kind != trainer.Sync)):
+		return mode, fmt.Errorf("--backup-workers %d: want fewer than the %d trainers, in sync mode", tc.backup, tc.world)
+	case tc.ckptEvery < 0:
+		return mode, fmt.Errorf("--checkpoint-every %d: want 0 (never) or more", tc.ckptEvery)
+	}
+	return mode, nil
+}
+
 // train prepares the job's tables, forms the trainer group and runs the
 // training loop. A synchronous trainer whose group breaks (a peer died)
 // while trainers find each other through the cluster re-forms the group
@@ -362,24 +388,12 @@ func train(ctx context.Context, cl *shard.Client, tc trainConfig, progress io.Wr
 	if tc.quiet {
 		progress = io.Discard
 	}
-	mode, err := trainer.ParseMode(tc.mode)
+	mode, err := tc.check()
 	if err != nil {
 		return nil, err
 	}
 	tc.job = cmp.Or(tc.job, "train_"+tc.model)
 	tc.table = cmp.Or(tc.table, tc.job)
-	switch {
-	case tc.world < 1 || tc.world > collective.MaxRanks:
-		return nil, fmt.Errorf("--world %d: want 1..%d", tc.world, collective.MaxRanks)
-	case tc.rank < -1 || tc.rank >= tc.world:
-		return nil, fmt.Errorf("--rank %d: want 0..%d (or -1 to be assigned one)", tc.rank, tc.world-1)
-	case tc.rank == -1 && tc.peers != "":
-		return nil, errors.New("--rank -1 needs the cluster's job registry, not --peers")
-	case tc.backup < 0 || (tc.backup > 0 && (tc.backup >= tc.world || mode.Kind != trainer.Sync)):
-		return nil, fmt.Errorf("--backup-workers %d: want fewer than the %d trainers, in sync mode", tc.backup, tc.world)
-	case tc.ckptEvery < 0:
-		return nil, fmt.Errorf("--checkpoint-every %d: want 0 (never) or more", tc.ckptEvery)
-	}
 	su, err := prepare(&tc, progress)
 	if err != nil {
 		return nil, err

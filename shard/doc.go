@@ -17,6 +17,14 @@
 //     dead) from its events; Status reports it with per-node replica and
 //     leader counts and the number of under-replicated shards. It informs
 //     only: placement does not act on it yet.
+//   - Placement (placement.go): Place, a pure and deterministic function from
+//     the live nodes, the tables' shard and replica counts and the current
+//     map to each shard's ordered replica set (first = preferred leader):
+//     rendezvous hashing, then a bounded-load correction so that no node
+//     holds more than ceil(S·R/N) replicas or ceil(S/N)+1 leaders, keeping
+//     every current replica that fits so a join or leave moves about 1/N of
+//     them. It is a building block of the elastic cluster and is not wired
+//     into the node yet: every node still holds every shard.
 //   - The job registry (jobs.go): the rendezvous of a training job's
 //     trainers. Each registers its collective address with JoinJob and
 //     waits (Client.WaitJob) until all world ranks of its round are there; a

@@ -217,11 +217,7 @@ func (c *Client) leader(group string) string {
 func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 	var out *shardpb.TableSpec
 	maybeCreated := false // an earlier attempt may have created the table
-	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
-		s, err := c.stub(addr)
-		if err != nil {
-			return err
-		}
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
 		resp, err := s.CreateTable(ctx, &shardpb.CreateTableRequest{Spec: spec})
 		if err == nil {
 			out = resp.Spec
@@ -260,6 +256,19 @@ func (c *Client) sameTable(ctx context.Context, s shardpb.ParameterServerClient,
 		return nil
 	}
 	return d.Spec
+}
+
+// callMeta calls fn with a stub of the metadata leader as this client
+// knows it (any node will do: a follower forwards or names the leader),
+// retrying as withRetry does.
+func (c *Client) callMeta(ctx context.Context, fn func(ctx context.Context, s shardpb.ParameterServerClient) error) error {
+	return c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
+		s, err := c.stub(addr)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, s)
+	})
 }
 
 // Describe returns a table's spec and leaders, and refreshes the leader cache.

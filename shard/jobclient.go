@@ -48,11 +48,7 @@ func (c *Client) JoinJob(ctx context.Context, job string, world, rank int, addr 
 	}
 	req := &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rank), Addr: addr}
 	var out *shardpb.JoinJobResponse
-	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, node string) error {
-		s, err := c.stub(node)
-		if err != nil {
-			return err
-		}
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) (err error) {
 		out, err = s.JoinJob(ctx, req)
 		return err
 	})
@@ -67,11 +63,7 @@ func (c *Client) JoinJob(ctx context.Context, job string, world, rank int, addr 
 // ErrUnknownJob if there is no such job.
 func (c *Client) GetJob(ctx context.Context, job string) (JobInfo, error) {
 	var out *shardpb.GetJobResponse
-	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
-		s, err := c.stub(addr)
-		if err != nil {
-			return err
-		}
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) (err error) {
 		out, err = s.GetJob(ctx, &shardpb.GetJobRequest{Job: job})
 		return err
 	})
@@ -86,12 +78,9 @@ func (c *Client) GetJob(ctx context.Context, job string) (JobInfo, error) {
 // an earlier attempt of this call may have deleted it.
 func (c *Client) DeleteJob(ctx context.Context, job string) error {
 	maybeDeleted := false
-	err := c.withRetry(ctx, metaGroupID, c.leader(metaGroupID), func(ctx context.Context, addr string) error {
-		s, err := c.stub(addr)
-		if err != nil {
-			return err
-		}
-		if _, err = s.DeleteJob(ctx, &shardpb.DeleteJobRequest{Job: job}); err == nil {
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
+		_, err := s.DeleteJob(ctx, &shardpb.DeleteJobRequest{Job: job})
+		if err == nil {
 			return nil
 		}
 		rerr := fromStatus(err)

@@ -33,6 +33,48 @@ func buildBinary(t testing.TB) string {
 	return bin
 }
 
+// fastTimeouts are server flags for a quick failover in tests.
+const fastTimeouts = "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms"
+
+// binaryCluster builds the binary and starts a 3-node cluster of it, its
+// servers run with serverArgs, taken down when the test ends. It returns
+// the binary, the cluster's directory and its gRPC addresses.
+func binaryCluster(t testing.TB, serverArgs ...string) (bin, dir, addrs string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin = buildBinary(t)
+	dir = filepath.Join(t.TempDir(), "cluster")
+	base := freePortRun(t, 3)
+	runRaftps(t, bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", strings.Join(serverArgs, " "))
+	t.Cleanup(func() {
+		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
+			t.Logf("cluster down: %v\n%s", err, out)
+		}
+	})
+	b, err := os.ReadFile(filepath.Join(dir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin, dir, strings.TrimSpace(string(b))
+}
+
+// runRaftps runs the binary and returns its stdout; it fails the test, with
+// stderr, if the command fails.
+func runRaftps(t testing.TB, bin string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, args...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("raftps %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
+	}
+	return string(out)
+}
+
 // freePortRun finds a base port with n consecutive free gRPC ports and their
 // HTTP (base+100...) and gossip (base+1000...) ports.
 func freePortRun(t testing.TB, n int) int {
@@ -62,33 +104,8 @@ func freePortRun(t testing.TB, n int) int {
 // up, table create, pushes, SIGKILL of the leader's process, more pushes,
 // then checks that no acknowledged push was lost and takes the cluster down.
 func TestBinaryClusterFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin := buildBinary(t)
-	dir := filepath.Join(t.TempDir(), "cluster")
-	raftps := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command(bin, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("raftps %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	base := freePortRun(t, 3)
-	raftps("cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base),
-		"--server-args", "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms")
-	t.Cleanup(func() {
-		out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput()
-		if err != nil {
-			t.Logf("cluster down: %v\n%s", err, out)
-		}
-	})
-	addrs, err := os.ReadFile(filepath.Join(dir, "addrs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cluster := strings.TrimSpace(string(addrs))
+	bin, dir, cluster := binaryCluster(t, fastTimeouts)
+	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
 
 	var desc struct {
@@ -153,7 +170,7 @@ func TestBinaryClusterFailover(t *testing.T) {
 // 0 once both are done (the parent waits for its child), prints the --json
 // summary, and the model beats chance by far.
 func TestBinaryTrainProcesses(t *testing.T) {
-	bin, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t)
 	cmd := exec.Command(bin, "train", "--trainers", "2", "--steps", "300", "--json", "--quiet", "--cluster", addrs)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

@@ -15,27 +15,6 @@ import (
 	"github.com/raftps/raftps/trainer"
 )
 
-// binaryCluster starts a 3-node cluster of the real binary and returns the
-// binary and the cluster's addresses.
-func binaryCluster(t testing.TB) (bin, addrs string) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin = buildBinary(t)
-	dir := filepath.Join(t.TempDir(), "cluster")
-	base := freePortRun(t, 3)
-	if out, err := exec.Command(bin, "cluster", "up", "--dir", dir, "--base-port", fmt.Sprint(base)).CombinedOutput(); err != nil {
-		t.Fatalf("cluster up: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command(bin, "cluster", "down", "--dir", dir).Run() })
-	b, err := os.ReadFile(filepath.Join(dir, "addrs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin, strings.TrimSpace(string(b))
-}
-
 // killAfterLine starts cmd and SIGKILLs it once its stderr has printed a
 // line containing line (or after two minutes).
 func killAfterLine(t *testing.T, cmd *exec.Cmd, line string) {
@@ -96,7 +75,7 @@ func runTrain(t testing.TB, bin string, args ...string) trainSummary {
 // learns. The trainers of the backup job find each other through the
 // cluster's job registry.
 func TestBinaryTrainModes(t *testing.T) {
-	bin, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t)
 	ssp := runTrain(t, bin, "--cluster", addrs, "--trainers", "3", "--mode", "ssp:2", "--steps", "200", "--job", "ssp")
 	t.Logf("ssp:2, 3 trainers: AUC %.4f (Bayes %.4f), %.0f examples/s", ssp.FinalAUC, ssp.BayesAUC, ssp.ExamplesPerS)
 	if ssp.Steps != 200 || ssp.Trainers != 3 || ssp.Examples != 3*200*64 || ssp.FinalAUC < 0.7 {
@@ -147,7 +126,7 @@ func TestBinaryTrainModes(t *testing.T) {
 // TestBinaryTrainResumes: a trainer process killed with SIGKILL and started
 // again resumes from the job's checkpoint in the cluster, and finishes.
 func TestBinaryTrainResumes(t *testing.T) {
-	bin, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t)
 	args := []string{"--cluster", addrs, "--job", "resume", "--steps", "3000", "--checkpoint-every", "50"}
 	// Kill it once it has passed step 600 (progress lines every 300 steps).
 	killAfterLine(t, exec.Command(bin, append([]string{"train"}, args...)...), "step 600/3000")
@@ -169,7 +148,7 @@ func TestBinaryTrainResumes(t *testing.T) {
 // examples/s. The modes run one after the other on the same cluster, so
 // compare them as ratios.
 func BenchmarkTimeToAccuracy(b *testing.B) {
-	bin, addrs := binaryCluster(b)
+	bin, _, addrs := binaryCluster(b)
 	slow := []string{"--slow-rank", "3", "--slowdown", "3"}
 	for _, m := range []struct {
 		name string
@@ -207,7 +186,7 @@ func BenchmarkTimeToAccuracy(b *testing.B) {
 // the registry's next round, the restarted trainer completes the round, and
 // both resume from the checkpoint and finish.
 func TestBinaryTrainReforms(t *testing.T) {
-	bin, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t)
 	args := []string{"train", "--cluster", addrs, "--job", "reform", "--world", "2", "--steps", "2000", "--checkpoint-every", "50"}
 	zero := exec.Command(bin, append(args, "--rank", "0", "--json")...)
 	var zeroErr strings.Builder

@@ -3,11 +3,6 @@ package test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -107,32 +102,8 @@ func TestMembershipStatus(t *testing.T) {
 // leave) is found dead by gossip, and raftps status --json shows it, with
 // every shard under-replicated.
 func TestBinaryMembershipSIGKILL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin := buildBinary(t)
-	dir := filepath.Join(t.TempDir(), "cluster")
-	raftps := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command(bin, args...).Output()
-		if err != nil {
-			t.Fatalf("raftps %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	base := freePortRun(t, 3)
-	raftps("cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base),
-		"--server-args", "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms")
-	t.Cleanup(func() {
-		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
-			t.Logf("cluster down: %v\n%s", err, out)
-		}
-	})
-	b, err := os.ReadFile(filepath.Join(dir, "addrs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cluster := strings.TrimSpace(string(b))
+	bin, dir, cluster := binaryCluster(t, fastTimeouts)
+	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--cluster", cluster)
 
 	type status struct {

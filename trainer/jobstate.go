@@ -159,16 +159,17 @@ func (j *jobState) writeCheckpoint(ctx context.Context, prev, step int, dense []
 
 // denseTable is the dense parameters of an asynchronous job, in a table.
 type denseTable struct {
-	ps    ParamServer
-	table string
-	keys  []uint64
-	buf   []float32 // len(keys)*StateDim
-	n     int
+	ps      ParamServer
+	table   string
+	keys    []uint64
+	buf     []float32 // pulled rows, len(keys)*StateDim
+	pushBuf []float32 // pushed rows (a pull may run meanwhile, prefetching)
+	n       int
 }
 
 func newDenseTable(ps ParamServer, table string, n int) *denseTable {
 	keys := chunkKeys(0, n)
-	return &denseTable{ps: ps, table: table, keys: keys, buf: make([]float32, len(keys)*StateDim), n: n}
+	return &denseTable{ps: ps, table: table, keys: keys, buf: make([]float32, len(keys)*StateDim), pushBuf: make([]float32, len(keys)*StateDim), n: n}
 }
 
 // pull copies the current dense parameters into dense.
@@ -183,9 +184,8 @@ func (d *denseTable) pull(ctx context.Context, dense []float32) error {
 // push subtracts step (already multiplied by the learning rate) from the
 // dense parameters on the servers.
 func (d *denseTable) push(ctx context.Context, step []float32) error {
-	buf := make([]float32, len(d.buf))
-	copy(buf, step)
-	if err := d.ps.Push(ctx, d.table, d.keys, buf); err != nil {
+	copy(d.pushBuf, step) // the tail past n stays zero
+	if err := d.ps.Push(ctx, d.table, d.keys, d.pushBuf); err != nil {
 		return fmt.Errorf("pushing the dense step: %w", err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,16 +180,16 @@ func (c LoopConfig) withDefaults() (LoopConfig, error) {
 	if c.PS == nil || c.Model == nil || c.Data == nil || c.Table == "" {
 		return c, errors.New("trainer: LoopConfig needs PS, Table, Model and Data")
 	}
-	c.Batch = cmpOr(c.Batch, 256)
-	c.Steps = cmpOr(c.Steps, 1000)
+	c.Batch = cmp.Or(c.Batch, 256)
+	c.Steps = cmp.Or(c.Steps, 1000)
 	if c.DenseLR == 0 {
 		c.DenseLR = 0.05
 	}
-	c.EvalEvery = cmpOr(c.EvalEvery, max(1, c.Steps/5))
-	c.EvalSamples = cmpOr(c.EvalSamples, 20000)
-	c.ProgressEvery = cmpOr(c.ProgressEvery, max(1, c.Steps/10))
-	c.CheckpointEvery = cmpOr(c.CheckpointEvery, 100)
-	c.World = cmpOr(c.World, 1)
+	c.EvalEvery = cmp.Or(c.EvalEvery, max(1, c.Steps/5))
+	c.EvalSamples = cmp.Or(c.EvalSamples, 20000)
+	c.ProgressEvery = cmp.Or(c.ProgressEvery, max(1, c.Steps/10))
+	c.CheckpointEvery = cmp.Or(c.CheckpointEvery, 100)
+	c.World = cmp.Or(c.World, 1)
 	switch {
 	case c.Batch < 1 || c.Steps < 1 || c.Steps >= MaxSteps || c.EvalSamples < 2:
 		return c, fmt.Errorf("trainer: Batch (%d) must be positive, Steps (%d) in [1, %d) and EvalSamples (%d) at least 2", c.Batch, c.Steps, MaxSteps, c.EvalSamples)
@@ -221,13 +222,6 @@ func (c LoopConfig) withDefaults() (LoopConfig, error) {
 		c.Eval = s.Samples(HeldOut, c.EvalSamples)
 	}
 	return c, nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // Train runs data-parallel training in cfg.Mode: each step a trainer pulls
@@ -276,10 +270,7 @@ func Train(ctx context.Context, cfg LoopConfig) (*Result, error) {
 		res.SamplesPerS = float64(res.Samples) / res.Seconds
 	}
 	res.Pull, res.Push = summarise(r.pulls), summarise(r.pushes)
-	if err != nil {
-		return res, err
-	}
-	return res, nil
+	return res, err
 }
 
 // run is one Train call's state.

@@ -152,8 +152,7 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 }
 
 func optional(v trainer.Optional) string {
-	b, _ := v.MarshalJSON()
-	if string(b) == "null" {
+	if math.IsNaN(float64(v)) {
 		return "unknown"
 	}
 	return fmt.Sprintf("%.4f", float64(v))

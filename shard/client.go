@@ -52,7 +52,8 @@ type Client struct {
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn // by address
 	tables  map[string]*shardpb.TableSpec
-	leaders map[string]string // group ID -> leader address
+	maps    map[string]*tableMap // by table: its shards' replicas and epochs
+	leaders map[string]string    // group ID -> leader address
 	seqs    map[string]*atomic.Uint64
 }
 
@@ -79,7 +80,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	return &Client{
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
-		leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
+		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
 	}, nil
 }
 
@@ -120,7 +121,56 @@ func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
 func retryable(err error) bool {
 	return errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, replication.ErrLeaderNotReady) || errors.Is(err, replication.ErrUnknownOutcome) ||
-		errors.Is(err, replication.ErrGroupClosed)
+		errors.Is(err, replication.ErrGroupClosed) || stale(err)
+}
+
+// stale reports whether err says the client's map is out of date.
+func stale(err error) bool { return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrNotReplica) }
+
+// tableMap is the client's copy of a table's shard placement.
+type tableMap struct {
+	shards []*shardpb.ShardMap // by shard; never nil
+	addr   map[string]string   // node ID -> gRPC address
+}
+
+// replicaAddrs returns the addresses of a shard's replicas, preferred leader
+// first, as the client's map has them.
+func (c *Client) replicaAddrs(table string, shard uint32) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := c.maps[table]
+	if tm == nil || int(shard) >= len(tm.shards) {
+		return nil
+	}
+	var out []string
+	for _, id := range tm.shards[shard].Replicas {
+		if a := tm.addr[id]; a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// epoch returns the client's map epoch of a shard (0: unknown).
+func (c *Client) epoch(table string, shard uint32) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if tm := c.maps[table]; tm != nil && int(shard) < len(tm.shards) {
+		return tm.shards[shard].Epoch
+	}
+	return 0
+}
+
+// shardRetry is withRetry for one shard of a table: its replicas are the
+// first candidates, and an answer that the client's map is stale refreshes
+// the map (from the node that said so) before the next attempt.
+func (c *Client) shardRetry(ctx context.Context, table string, shard uint32, hint string, fn func(ctx context.Context, addr string) error) error {
+	return c.retry(ctx, groupID(table, shard), hint, func() []string { return c.replicaAddrs(table, shard) },
+		func(ctx context.Context, addr string) {
+			if _, err := c.describeAt(ctx, table, addr); err != nil {
+				_, _ = c.Describe(ctx, table)
+			}
+		}, fn)
 }
 
 // maxBackoff caps the pause between retry rounds. A leader election takes a
@@ -133,6 +183,14 @@ const maxBackoff = 50 * time.Millisecond
 // NotLeader answer's leader is tried next. fn must use the context it is
 // given, which bounds the attempt by AttemptTimeout as well.
 func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(ctx context.Context, addr string) error) error {
+	return c.retry(ctx, group, hint, nil, nil, fn)
+}
+
+// retry is withRetry with candidates (asked before the configured
+// addresses, re-read every round) and refresh (called with the node's
+// address when it says the client's map is stale).
+func (c *Client) retry(ctx context.Context, group, hint string, candidates func() []string,
+	refresh func(ctx context.Context, addr string), fn func(ctx context.Context, addr string) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RetryTimeout)
 	defer cancel()
 	backoff := 5 * time.Millisecond
@@ -140,10 +198,14 @@ func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(ctx 
 	redirected := false
 	var last error
 	for round := 0; ; round++ {
-		addrs := c.cfg.Addrs
+		var addrs []string
 		if next != "" {
-			addrs = append([]string{next}, addrs...)
+			addrs = append(addrs, next)
 		}
+		if candidates != nil {
+			addrs = append(addrs, candidates()...)
+		}
+		addrs = append(addrs, c.cfg.Addrs...)
 		next = ""
 		for _, addr := range addrs {
 			err := c.attempt(ctx, addr, fn)
@@ -158,6 +220,16 @@ func (c *Client) withRetry(ctx context.Context, group, hint string, fn func(ctx 
 				return err
 			}
 			last = err
+			if stale(err) && refresh != nil {
+				refresh(ctx, addr)
+				next = ""
+				if candidates != nil {
+					if a := candidates(); len(a) > 0 {
+						next = a[0]
+					}
+				}
+				break
+			}
 			var re *RemoteError
 			if errors.As(err, &re) && re.LeaderAddr != "" {
 				next = re.LeaderAddr
@@ -271,7 +343,8 @@ func (c *Client) callMeta(ctx context.Context, fn func(ctx context.Context, s sh
 	})
 }
 
-// Describe returns a table's spec and leaders, and refreshes the leader cache.
+// Describe returns a table's spec, placement and leaders, and refreshes the
+// client's caches of them.
 func (c *Client) Describe(ctx context.Context, name string) (*shardpb.DescribeTableResponse, error) {
 	var out *shardpb.DescribeTableResponse
 	err := c.withRetry(ctx, "", "", func(ctx context.Context, addr string) error {
@@ -285,15 +358,53 @@ func (c *Client) Describe(ctx context.Context, name string) (*shardpb.DescribeTa
 	if err != nil {
 		return nil, err
 	}
+	c.learn(name, out)
+	return out, nil
+}
+
+// describeAt is one DescribeTable call to the node at addr, whose answer
+// refreshes the caches if its map is not older than the client's.
+func (c *Client) describeAt(ctx context.Context, name, addr string) (*shardpb.DescribeTableResponse, error) {
+	s, err := c.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.DescribeTable(ctx, &shardpb.DescribeTableRequest{Name: name})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	c.learn(name, out)
+	return out, nil
+}
+
+// learn caches a DescribeTable answer: the spec, each shard's entry unless
+// the client has a newer one, and the leaders of shards whose entry it took.
+func (c *Client) learn(name string, d *shardpb.DescribeTableResponse) {
 	c.mu.Lock()
-	c.tables[name] = out.Spec
-	for _, l := range out.Leaders {
-		if l.LeaderAddr != "" {
+	defer c.mu.Unlock()
+	c.tables[name] = d.Spec
+	tm := c.maps[name]
+	if tm == nil || len(tm.shards) != len(d.Shards) {
+		tm = &tableMap{shards: make([]*shardpb.ShardMap, len(d.Shards)), addr: map[string]string{}}
+		c.maps[name] = tm
+	}
+	for _, nd := range d.Nodes {
+		tm.addr[nd.Id] = nd.Addr
+	}
+	for i, sm := range d.Shards {
+		if old := tm.shards[i]; old != nil && old.Epoch > sm.Epoch {
+			continue
+		}
+		if old := tm.shards[i]; old != nil && old.Epoch != sm.Epoch {
+			delete(c.leaders, groupID(name, uint32(i)))
+		}
+		tm.shards[i] = sm
+	}
+	for _, l := range d.Leaders {
+		if l.LeaderAddr != "" && int(l.Shard) < len(tm.shards) && tm.shards[l.Shard].Epoch <= d.Shards[l.Shard].Epoch {
 			c.leaders[groupID(name, l.Shard)] = l.LeaderAddr
 		}
 	}
-	c.mu.Unlock()
-	return out, nil
 }
 
 // ListTables returns every table's spec.
@@ -387,7 +498,7 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 	sp := splitKeys(keys, spec.Shards)
 	parts := make([]*shardpb.PullRequest, spec.Shards)
 	for s := range parts {
-		parts[s] = &shardpb.PullRequest{Table: table, Shard: uint32(s), Keys: KeysBytes(sp.keys[s]), Consistency: level}
+		parts[s] = &shardpb.PullRequest{Table: table, Shard: uint32(s), Keys: KeysBytes(sp.keys[s]), Consistency: level, Epoch: c.epoch(table, uint32(s))}
 	}
 	// Each shard's answer stays as wire bytes; rows are copied from them
 	// straight into out, once, below.
@@ -418,11 +529,12 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 		return res, nil
 	}
 	single := func(s uint32, hint string) error {
-		return c.withRetry(ctx, groupID(table, s), hint, func(ctx context.Context, addr string) error {
+		return c.shardRetry(ctx, table, s, hint, func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
 			}
+			parts[s].Epoch = c.epoch(table, s)
 			resp, err := st.Pull(ctx, parts[s])
 			if err != nil {
 				return err
@@ -472,7 +584,7 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 	for s := range parts {
 		if len(sp.keys[s]) > 0 {
 			parts[s] = &shardpb.PushRequest{Table: table, Shard: uint32(s), ClientId: c.cfg.ClientID, Seq: c.nextSeq(groupID(table, uint32(s))),
-				Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s])}
+				Keys: KeysBytes(sp.keys[s]), Grads: ValuesBytes(sums[s]), Epoch: c.epoch(table, uint32(s))}
 		}
 	}
 	// sent[s]: an earlier attempt may have reached a leader's log. Only a
@@ -503,21 +615,22 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 					res[i] = partResult{err: err}
 				}
 			}
-			if res[i].err == nil || !errors.Is(res[i].err, replication.ErrNotLeader) {
+			if res[i].err == nil || !(errors.Is(res[i].err, replication.ErrNotLeader) || stale(res[i].err)) {
 				sent[s] = true
 			}
 		}
 		return res, nil
 	}
 	single := func(s uint32, hint string) error {
-		return c.withRetry(ctx, groupID(table, s), hint, func(ctx context.Context, addr string) error {
+		return c.shardRetry(ctx, table, s, hint, func(ctx context.Context, addr string) error {
 			st, err := c.stub(addr)
 			if err != nil {
 				return err
 			}
+			parts[s].Epoch = c.epoch(table, s)
 			resp, err := st.Push(ctx, parts[s])
 			if err != nil {
-				if !errors.Is(fromStatus(err), replication.ErrNotLeader) {
+				if rerr := fromStatus(err); !errors.Is(rerr, replication.ErrNotLeader) && !stale(rerr) {
 					sent[s] = true
 				}
 				return err
@@ -596,7 +709,13 @@ func (c *Client) fanOut(ctx context.Context, table string, sp *split,
 		if len(sp.keys[s]) == 0 {
 			continue
 		}
-		if addr := c.leader(groupID(table, uint32(s))); addr != "" {
+		addr := c.leader(groupID(table, uint32(s)))
+		if addr == "" {
+			if r := c.replicaAddrs(table, uint32(s)); len(r) > 0 {
+				addr = r[0]
+			}
+		}
+		if addr != "" {
 			byNode[addr] = append(byNode[addr], uint32(s))
 		} else {
 			unknown = append(unknown, uint32(s))
@@ -651,4 +770,27 @@ func (c *Client) nextSeq(group string) uint64 {
 	}
 	c.mu.Unlock()
 	return s.Add(1)
+}
+
+// ClusterMap returns the cluster map as the metadata leader has it.
+func (c *Client) ClusterMap(ctx context.Context) (*shardpb.ClusterMap, error) {
+	var out *shardpb.ClusterMap
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
+		var err error
+		out, err = s.GetClusterMap(ctx, &shardpb.GetClusterMapRequest{})
+		return err
+	})
+	return out, err
+}
+
+// SetNodeAdmin drains (NODE_DRAINING), removes (NODE_REMOVED) or reactivates
+// (NODE_ACTIVE) a node. Draining moves every replica and leadership off the
+// node, at the scheduler's pace; removing forgets a node that is not alive.
+// Both are refused if the other active nodes cannot hold every table's
+// replicas.
+func (c *Client) SetNodeAdmin(ctx context.Context, id string, admin shardpb.NodeAdmin) error {
+	return c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
+		_, err := s.SetNodeAdmin(ctx, &shardpb.SetNodeAdminRequest{Id: id, Admin: admin})
+		return err
+	})
 }

@@ -43,6 +43,20 @@ var (
 	// was deleted and registered anew). The trainer joins again. Raised by
 	// the client only (WaitJob); no node answers it.
 	ErrJobRoundChanged = errors.New("job round changed")
+	// ErrUnknownNode: the cluster map has no such node.
+	ErrUnknownNode = errors.New("unknown node")
+	// ErrEpochChanged: a shard's map entry changed since a change to it was
+	// decided (the compare-and-set on its epoch failed); decide again.
+	ErrEpochChanged = errors.New("shard epoch changed")
+	// ErrNodeConflict: a node registers with the address of another node,
+	// or under the ID of a removed one; or a drain or removal is refused.
+	ErrNodeConflict = errors.New("node conflict")
+	// ErrStaleEpoch: the request carried an older epoch of the shard's map
+	// entry than the node has. The client refreshes its map and retries.
+	ErrStaleEpoch = errors.New("stale shard map")
+	// ErrNotReplica: the node does not hold the shard (by its map). The
+	// client refreshes its map and retries at the shard's replicas.
+	ErrNotReplica = errors.New("not a replica of the shard")
 )
 
 // codeOf is the one table from errors to gRPC codes. The first sentinel the
@@ -73,6 +87,11 @@ var codeOf = []struct {
 	{ErrRankTaken, codes.AlreadyExists},
 	{ErrWorldMismatch, codes.InvalidArgument},
 	{ErrJobRoundChanged, codes.Aborted},
+	{ErrUnknownNode, codes.NotFound},
+	{ErrEpochChanged, codes.Aborted},
+	{ErrNodeConflict, codes.FailedPrecondition},
+	{ErrStaleEpoch, codes.FailedPrecondition},
+	{ErrNotReplica, codes.FailedPrecondition},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }
@@ -116,6 +135,9 @@ func (e *RemoteError) Unwrap() error { return e.sentinel }
 
 // fromStatus converts a client-side gRPC error back to a RemoteError.
 func fromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err

@@ -68,6 +68,10 @@ type MembershipConfig struct {
 type nodeMeta struct {
 	ID   string `json:"id"`
 	Addr string `json:"addr"`
+	// The node's cluster map version and the number of shard groups it
+	// leads, as of its last gossip update.
+	MapVersion uint64 `json:"v,omitempty"`
+	Leaders    uint32 `json:"l,omitempty"`
 }
 
 // MemberInfo is one node as this node's gossip view has it.
@@ -75,6 +79,12 @@ type MemberInfo struct {
 	ID    string
 	Addr  string // gRPC address
 	State string // StateAlive, StateSuspect or StateDead
+	// Since is when this node last saw the state change (for a node never
+	// heard from: when this node started gossiping).
+	Since time.Time
+	// What the node last gossiped: its map version and leader count.
+	MapVersion uint64
+	Leaders    uint32
 }
 
 // membership runs a node's memberlist and tracks every node's liveness.
@@ -84,9 +94,9 @@ type MemberInfo struct {
 // mu and never call memberlist. members and lastAck are guarded by mu; ml is
 // set before rejoinLoop starts and never changes.
 type membership struct {
-	self  nodeMeta
 	peers []Peer // the static peer list: nodes expected even if never heard
 	join  []string
+	start time.Time
 	log   hclog.Logger
 	ml    *memberlist.Memberlist
 	every time.Duration
@@ -97,8 +107,10 @@ type membership struct {
 	probe, probeTimeout time.Duration
 
 	mu      sync.Mutex
+	self    nodeMeta
 	members map[string]*MemberInfo // by node ID
 	lastAck map[string]time.Time   // by node ID: its last answer to a probe of ours
+	known   map[string]string      // node ID -> gossip address, from the cluster map
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -137,6 +149,8 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 		self: self, peers: peers, join: join, log: log,
 		members: map[string]*MemberInfo{},
 		lastAck: map[string]time.Time{},
+		known:   map[string]string{},
+		start:   time.Now(),
 		every:   cfg.RejoinInterval,
 		stop:    make(chan struct{}),
 	}
@@ -178,8 +192,34 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 }
 
 func (m *membership) metaBytes() []byte {
-	b, _ := json.Marshal(m.self)
+	m.mu.Lock()
+	self := m.self
+	m.mu.Unlock()
+	b, _ := json.Marshal(self)
 	return b
+}
+
+// setLocal updates what this node gossips about itself: its map version
+// and leader count. It must not be called from a memberlist delegate.
+func (m *membership) setLocal(version uint64, leaders uint32) {
+	m.mu.Lock()
+	same := m.self.MapVersion == version && m.self.Leaders == leaders
+	m.self.MapVersion, m.self.Leaders = version, leaders
+	m.mu.Unlock()
+	if !same {
+		if err := m.ml.UpdateNode(time.Second); err != nil {
+			m.log.Debug("gossip metadata update", "error", err)
+		}
+	}
+}
+
+// setKnown tells membership the nodes of the cluster map (ID to gossip
+// address): a known node never heard from is dead, and is joined again
+// like a static peer.
+func (m *membership) setKnown(known map[string]string) {
+	m.mu.Lock()
+	m.known = known
+	m.mu.Unlock()
 }
 
 // rejoinLoop joins the peers this node does not see alive: at start, and
@@ -195,9 +235,18 @@ func (m *membership) rejoinLoop() {
 		for _, p := range m.peers {
 			missing = missing || !alive[p.ID]
 		}
-		if missing && len(m.join) > 0 {
-			if n, err := m.ml.Join(m.join); err != nil {
-				m.log.Debug("gossip join", "addrs", m.join, "joined", n, "error", err)
+		join := slices.Clone(m.join)
+		m.mu.Lock()
+		selfID := m.self.ID
+		for id, addr := range m.known {
+			if id != selfID && !alive[id] && addr != "" && !slices.Contains(join, addr) {
+				join, missing = append(join, addr), true
+			}
+		}
+		m.mu.Unlock()
+		if missing && len(join) > 0 {
+			if n, err := m.ml.Join(join); err != nil {
+				m.log.Debug("gossip join", "addrs", join, "joined", n, "error", err)
 			}
 		}
 		select {
@@ -223,15 +272,17 @@ func (m *membership) aliveIDs() map[string]bool {
 // event records a memberlist event about node n. Called by memberlist with
 // its node lock held: n may be read, memberlist may not be called.
 func (m *membership) event(n *memberlist.Node, state string) {
-	mi := MemberInfo{ID: n.Name, State: state}
+	mi := MemberInfo{ID: n.Name, State: state, Since: time.Now()}
 	var meta nodeMeta
 	if err := json.Unmarshal(n.Meta, &meta); err == nil && meta.ID != "" {
-		mi.ID, mi.Addr = meta.ID, meta.Addr
+		mi.ID, mi.Addr, mi.MapVersion, mi.Leaders = meta.ID, meta.Addr, meta.MapVersion, meta.Leaders
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if old := m.members[mi.ID]; old != nil && old.State != state {
 		m.log.Info("node liveness changed", "member", mi.ID, "from", old.State, "to", state)
+	} else if old != nil {
+		mi.Since = old.Since
 	}
 	if mi.Addr == "" {
 		if old := m.members[mi.ID]; old != nil {
@@ -276,15 +327,21 @@ func (m *membership) Members() []MemberInfo {
 	for _, mi := range m.members {
 		c := *mi
 		if c.State == StateAlive && c.ID != m.self.ID && m.probe > 0 && now.Sub(m.lastAck[c.ID]) > suspectAfter {
-			c.State = StateSuspect
+			c.State, c.Since = StateSuspect, m.lastAck[c.ID].Add(suspectAfter)
 		}
 		out = append(out, c)
 		seen[c.ID] = true
 	}
+	for id := range m.known {
+		if !seen[id] {
+			out = append(out, MemberInfo{ID: id, State: StateDead, Since: m.start})
+			seen[id] = true
+		}
+	}
 	m.mu.Unlock()
 	for _, p := range m.peers {
 		if !seen[p.ID] {
-			out = append(out, MemberInfo{ID: p.ID, Addr: p.Addr, State: StateDead})
+			out = append(out, MemberInfo{ID: p.ID, Addr: p.Addr, State: StateDead, Since: m.start})
 		}
 	}
 	slices.SortFunc(out, func(a, b MemberInfo) int {

@@ -100,7 +100,7 @@ func TestMembershipCrash(t *testing.T) {
 		cfg := MembershipConfig{Addr: addrs[i], Join: []string{addrs[1-i]},
 			ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond,
 			GossipInterval: 20 * time.Millisecond, SuspicionMult: 10, RejoinInterval: 100 * time.Millisecond}
-		m, err := newMembership(cfg, nodeMeta(p), peers, hclog.NewNullLogger())
+		m, err := newMembership(cfg, nodeMeta{ID: p.ID, Addr: p.Addr}, peers, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}

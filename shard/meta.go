@@ -21,9 +21,16 @@ const metaGroupID = "meta"
 // Meta commands: a type byte, then the deterministic proto encoding of the
 // argument.
 const (
-	metaCreateTable byte = 1 // a *shardpb.TableSpec
-	metaJoinJob     byte = 2 // a *shardpb.JoinJobRequest
-	metaDeleteJob   byte = 3 // a *shardpb.DeleteJobRequest
+	// metaCreateTable is the command of clusters before the cluster map:
+	// the table gets no placement. Still applied, so that old logs replay.
+	metaCreateTable   byte = 1 // a *shardpb.TableSpec
+	metaJoinJob       byte = 2 // a *shardpb.JoinJobRequest
+	metaDeleteJob     byte = 3 // a *shardpb.DeleteJobRequest
+	metaCreateTableV2 byte = 4 // a *shardpb.MetaCreateTable
+	metaRegisterNode  byte = 5 // a *shardpb.ClusterNode
+	metaSetNodeAdmin  byte = 6 // a *shardpb.SetNodeAdminRequest
+	metaForgetNode    byte = 7 // a *shardpb.SetNodeAdminRequest (id only)
+	metaSetShard      byte = 8 // a *shardpb.MetaSetShard
 )
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
@@ -44,20 +51,33 @@ func encodeMeta(cmd byte, arg proto.Message) ([]byte, error) {
 // change of the tables, from the FSM goroutine, and must not block; job
 // changes do not call it, since only tables concern the reconcile loop.
 type metaFSM struct {
-	mu       sync.RWMutex // guards tables and jobs
-	tables   map[string]*shardpb.TableSpec
-	jobs     map[string]*shardpb.Job // values never modified: see jobs.go
-	onChange func()
+	mu     sync.RWMutex // guards tables, jobs and the cluster map
+	tables map[string]*shardpb.TableSpec
+	jobs   map[string]*shardpb.Job // values never modified: see jobs.go
+	// The cluster map (clustermap.go). Values are never modified, only
+	// replaced, so readers may keep them.
+	nodes      map[string]*shardpb.ClusterNode // by node ID
+	shards     map[string]*shardpb.ShardMap    // by groupID
+	mapVersion uint64                          // +1 on every map change
+	applied    uint64                          // index of the last applied entry
+	onChange   func()
 }
 
 func newMetaFSM(onChange func()) *metaFSM {
-	return &metaFSM{tables: map[string]*shardpb.TableSpec{}, jobs: map[string]*shardpb.Job{}, onChange: onChange}
+	return &metaFSM{
+		tables: map[string]*shardpb.TableSpec{}, jobs: map[string]*shardpb.Job{},
+		nodes: map[string]*shardpb.ClusterNode{}, shards: map[string]*shardpb.ShardMap{},
+		onChange: onChange,
+	}
 }
 
 // Apply returns, by command: the stored *shardpb.TableSpec, the joiner's
 // *shardpb.JoinJobResponse, nil for a deleted job; or an error. An error
 // changes nothing.
 func (m *metaFSM) Apply(l *raft.Log) any {
+	m.mu.Lock()
+	m.applied = l.Index
+	m.mu.Unlock()
 	if l.Type != raft.LogCommand {
 		return nil
 	}
@@ -71,6 +91,16 @@ func (m *metaFSM) Apply(l *raft.Log) any {
 		return m.applyJoin(arg)
 	case metaDeleteJob:
 		return m.applyDelete(arg)
+	case metaCreateTableV2:
+		return m.applyCreateV2(arg)
+	case metaRegisterNode:
+		return m.applyRegister(arg)
+	case metaSetNodeAdmin:
+		return m.applySetAdmin(arg)
+	case metaForgetNode:
+		return m.applyForget(arg)
+	case metaSetShard:
+		return m.applySetShard(arg)
 	default:
 		return fmt.Errorf("meta: unknown command %d", cmd)
 	}
@@ -164,12 +194,13 @@ func (m *metaFSM) list() []*shardpb.TableSpec {
 // Snapshot formats. Format 1, written before the job registry existed: the
 // table count u32, then per table in name order its length u32 and spec.
 // Format 2: metaSnapshotMarker u32, the format u32, then a
-// shardpb.MetaSnapshot. Restore reads both. The marker cannot begin a format 1
+// shardpb.MetaSnapshot with tables and jobs; format 3 is the same with the
+// cluster map too. Restore reads all three. The marker cannot begin a format 1
 // snapshot: 2^32-1 tables of at least 4 bytes each are far more than the
 // 256 MiB Restore reads.
 const (
 	metaSnapshotMarker  = 0xFFFFFFFF
-	metaSnapshotFormat  = 2
+	metaSnapshotFormat  = 3
 	maxMetaSnapshotSize = 256 << 20
 )
 
@@ -178,8 +209,11 @@ const (
 func (m *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
 	m.mu.RLock()
 	state := &shardpb.MetaSnapshot{
-		Tables: sortedByName(m.tables, (*shardpb.TableSpec).GetName),
-		Jobs:   sortedByName(m.jobs, (*shardpb.Job).GetName),
+		Tables:     sortedByName(m.tables, (*shardpb.TableSpec).GetName),
+		Jobs:       sortedByName(m.jobs, (*shardpb.Job).GetName),
+		Nodes:      sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
+		Shards:     sortedByName(m.shards, shardMapKey),
+		MapVersion: m.mapVersion,
 	}
 	m.mu.RUnlock()
 	b := binary.LittleEndian.AppendUint32(nil, metaSnapshotMarker)
@@ -211,12 +245,15 @@ func (m *metaFSM) Restore(rc io.ReadCloser) error {
 	}
 	var tables map[string]*shardpb.TableSpec
 	jobs := map[string]*shardpb.Job{}
+	nodes := map[string]*shardpb.ClusterNode{}
+	shards := map[string]*shardpb.ShardMap{}
+	var version uint64
 	if len(b) >= 4 && binary.LittleEndian.Uint32(b) == metaSnapshotMarker {
 		if len(b) < 8 {
 			return fmt.Errorf("meta: %w: snapshot header truncated", store.ErrCorruptSnapshot)
 		}
-		if f := binary.LittleEndian.Uint32(b[4:]); f != metaSnapshotFormat {
-			return fmt.Errorf("meta: %w: snapshot format %d, this node reads formats 1 and %d", store.ErrSnapshotVersion, f, metaSnapshotFormat)
+		if f := binary.LittleEndian.Uint32(b[4:]); f != 2 && f != metaSnapshotFormat {
+			return fmt.Errorf("meta: %w: snapshot format %d, this node reads formats 1 to %d", store.ErrSnapshotVersion, f, metaSnapshotFormat)
 		}
 		state := &shardpb.MetaSnapshot{}
 		if err := proto.Unmarshal(b[8:], state); err != nil {
@@ -229,11 +266,19 @@ func (m *metaFSM) Restore(rc io.ReadCloser) error {
 		for _, j := range state.Jobs {
 			jobs[j.Name] = j
 		}
+		for _, nd := range state.Nodes {
+			nodes[nd.Id] = nd
+		}
+		for _, sm := range state.Shards {
+			shards[shardMapKey(sm)] = sm
+		}
+		version = state.MapVersion
 	} else if tables, err = restoreTablesV1(b); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	m.tables, m.jobs = tables, jobs
+	m.nodes, m.shards, m.mapVersion = nodes, shards, version
 	m.mu.Unlock()
 	m.onChange()
 	return nil

@@ -375,7 +375,7 @@ func TestMetaRestoreRefusesBadSnapshots(t *testing.T) {
 		{"empty", nil, store.ErrCorruptSnapshot},
 		{"format 1 truncated", []byte{2, 0, 0, 0, 5, 0, 0, 0, 1}, store.ErrCorruptSnapshot},
 		{"marker alone", header(0)[:6], store.ErrCorruptSnapshot},
-		{"format 3", header(3), store.ErrSnapshotVersion},
+		{"format 4", header(4), store.ErrSnapshotVersion},
 		{"format 2 garbage", append(header(2), 0xff, 0xff), store.ErrCorruptSnapshot},
 	} {
 		m := newMetaFSM(func() {})

@@ -38,9 +38,21 @@ type NodeConfig struct {
 	// DataDir holds the metadata group and every shard replica, one directory
 	// each; a node restarted with the same DataDir resumes where it stopped.
 	DataDir string
-	// Peers lists every node of the cluster, this one included. Every node
-	// holds a replica of every shard.
-	Peers []Peer
+	// How the node finds the cluster, on its first start (a restarted node
+	// resumes from DataDir). One of: Peers, a static list of the first
+	// nodes, this one included, all of which vote in the metadata group;
+	// Bootstrap, this node alone starts a new cluster; Join, addresses of
+	// running nodes to register with (any one will do).
+	Peers     []Peer
+	Bootstrap bool
+	Join      []string
+	// RepairGrace is how long a node must stay dead before the metadata
+	// leader replaces its replicas (default DefaultRepairGrace); MaxMoves
+	// how many shards may be gaining a replica at once (default
+	// DefaultMaxMoves), which bounds the snapshot traffic of repair and
+	// rebalancing.
+	RepairGrace time.Duration
+	MaxMoves    int
 	// Raft is the template for every group's Raft settings; ID, NodeID, Dir,
 	// Transport and Peers are filled in per group.
 	Raft replication.RaftConfig
@@ -70,6 +82,23 @@ func (c NodeConfig) validate() error {
 	}
 	if c.DataDir == "" {
 		return bad("--data-dir is empty")
+	}
+	ways := 0
+	for _, w := range []bool{len(c.Peers) > 0, c.Bootstrap, len(c.Join) > 0} {
+		if w {
+			ways++
+		}
+	}
+	if ways > 1 {
+		return bad("give one of --peers, --bootstrap and --join")
+	}
+	if ways == 0 {
+		if _, err := os.Stat(filepath.Join(c.DataDir, "meta", "raft.db")); err != nil {
+			return bad("data dir %s holds no cluster state: give --bootstrap (a new cluster), --join ADDR (a running one) or --peers", c.DataDir)
+		}
+	}
+	if len(c.Peers) == 0 {
+		return nil
 	}
 	seenID, seenAddr := map[string]bool{}, map[string]bool{}
 	self := false
@@ -108,9 +137,18 @@ type Node struct {
 	meta    *replication.RaftReplica
 	metaFSM *metaFSM
 	members *membership
+	// gossipAddr is the address this node gossips on.
+	gossipAddr string
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
+	// retired: groups this node closed because the map moved them away;
+	// their data is deleted once the group's leader confirms the node is
+	// out of its configuration (gcRetired). Only reconcileLoop uses it.
+	retired map[string]bool
+	// lastTransfer: when this node last handed a group's leadership to the
+	// map's preferred leader. Only reconcileLoop uses it.
+	lastTransfer map[string]time.Time
 
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
@@ -127,6 +165,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
+	if cfg.RepairGrace <= 0 {
+		cfg.RepairGrace = DefaultRepairGrace
+	}
+	if cfg.MaxMoves <= 0 {
+		cfg.MaxMoves = DefaultMaxMoves
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -139,7 +183,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
-		groups: map[string]*replication.Group{},
+		groups:  map[string]*replication.Group{},
+		retired: map[string]bool{}, lastTransfer: map[string]time.Time{},
 		kick:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
 	}
@@ -167,7 +212,16 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	n.meta, err = replication.OpenRaft(n.raftConfig(metaGroupID, filepath.Join(cfg.DataDir, "meta"), tr), n.metaFSM)
+	var metaPeers []raft.Server
+	switch {
+	case len(cfg.Peers) > 0:
+		for _, p := range cfg.Peers {
+			metaPeers = append(metaPeers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+		}
+	case cfg.Bootstrap:
+		metaPeers = []raft.Server{{ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(cfg.Addr)}}
+	}
+	n.meta, err = replication.OpenRaft(n.raftConfig(metaGroupID, filepath.Join(cfg.DataDir, "meta"), tr, metaPeers), n.metaFSM)
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -181,13 +235,30 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 	})
 
-	n.members, err = newMembership(cfg.Gossip, nodeMeta{ID: cfg.ID, Addr: cfg.Addr}, cfg.Peers, n.log.Named("memberlist"))
+	gossip := cfg.Gossip
+	if len(gossip.Join) == 0 {
+		for _, a := range cfg.Join {
+			if ga, err := DefaultGossipAddr(a); err == nil {
+				gossip.Join = append(gossip.Join, ga)
+			}
+		}
+	}
+	n.gossipAddr = gossip.Addr
+	if n.gossipAddr == "" {
+		if n.gossipAddr, err = DefaultGossipAddr(cfg.Addr); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("node %s: gossip address: %w", cfg.ID, err)
+		}
+	}
+	gossip.Addr = n.gossipAddr
+	n.members, err = newMembership(gossip, nodeMeta{ID: cfg.ID, Addr: cfg.Addr}, cfg.Peers, n.log.Named("memberlist"))
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
 
 	n.wg.Go(n.reconcileLoop)
+	n.wg.Go(n.schedulerLoop)
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
 		if err := n.startHTTP(); err != nil {
@@ -199,13 +270,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) raftConfig(group, dir string, tr raft.Transport) replication.RaftConfig {
+// raftConfig is the Raft config of one of this node's groups; peers, if
+// set, bootstrap a group that has no state yet.
+func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Server) replication.RaftConfig {
 	rc := n.cfg.Raft
 	rc.ID, rc.NodeID, rc.Dir, rc.Transport = group, raft.ServerID(n.cfg.ID), dir, tr
-	rc.Peers = nil
-	for _, p := range n.cfg.Peers {
-		rc.Peers = append(rc.Peers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
-	}
+	rc.Peers = peers
 	if rc.Logger == nil {
 		rc.Logger = n.log.Named(group)
 	}
@@ -249,44 +319,13 @@ func (n *Node) kickReconcile() {
 	}
 }
 
-// reconcileLoop opens a replica of every shard of every table in the
-// metadata, and retries what failed every second.
-func (n *Node) reconcileLoop() {
-	retry := time.NewTicker(time.Second)
-	defer retry.Stop()
-	for {
-		select {
-		case <-n.closed:
-			return
-		case <-n.kick:
-		case <-retry.C:
-		}
-		for _, spec := range n.metaFSM.list() {
-			cfg, err := tableConfig(spec)
-			if err != nil {
-				n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
-				continue
-			}
-			for s := range spec.Shards {
-				id := groupID(spec.Name, s)
-				if n.Group(spec.Name, s) != nil {
-					continue
-				}
-				if err := n.openGroup(id, cfg); err != nil {
-					n.log.Error("opening shard replica", "group", id, "error", err)
-				}
-			}
-		}
-	}
-}
-
-func (n *Node) openGroup(id string, cfg store.TableConfig) error {
+func (n *Node) openGroup(id string, cfg store.TableConfig, peers []raft.Server) error {
 	tr, err := n.mux.Transport(id)
 	if err != nil {
 		return err
 	}
 	g, err := replication.OpenGroup(replication.GroupConfig{
-		RaftConfig: n.raftConfig(id, filepath.Join(n.cfg.DataDir, "groups", id), tr),
+		RaftConfig: n.raftConfig(id, n.groupDir(id), tr, peers),
 		Table:      cfg,
 	})
 	if err != nil {
@@ -305,31 +344,18 @@ func (n *Node) openGroup(id string, cfg store.TableConfig) error {
 	return nil
 }
 
-// waitTableReady waits until this node holds every shard of the table and
-// each has a known leader.
-func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) error {
-	for {
-		ready := true
-		for s := range spec.Shards {
-			g := n.Group(spec.Name, s)
-			if g == nil {
-				ready = false
-				break
-			}
-			if addr, _ := g.Raft().LeaderWithID(); addr == "" {
-				ready = false
-				break
-			}
-		}
-		if ready {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("table %q: %w: shards without a leader: %w", spec.Name, ErrUnavailable, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
+func (n *Node) groupDir(id string) string { return filepath.Join(n.cfg.DataDir, "groups", id) }
+
+// closeGroup closes this node's replica of a group (it stays on disk).
+func (n *Node) closeGroup(id string) error {
+	n.mu.Lock()
+	g := n.groups[id]
+	delete(n.groups, id)
+	n.mu.Unlock()
+	if g == nil {
+		return nil
 	}
+	return g.Close()
 }
 
 func (n *Node) startHTTP() error {
@@ -404,3 +430,7 @@ func (n *Node) Close() error {
 	})
 	return errors.Join(errs...)
 }
+
+// ClusterMap returns this node's copy of the cluster map (as far as its
+// metadata replica has applied).
+func (n *Node) ClusterMap() *shardpb.ClusterMap { return n.metaFSM.clusterMap() }

@@ -249,6 +249,50 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 		}
 	}
 
+	// Floor: a node below floor(T/N) (one that just joined) takes replicas
+	// from the most loaded nodes above it, so it gets its share, not only
+	// room for it. Each move narrows the spread; it ends.
+	placed := 0
+	for _, l := range load {
+		placed += l
+	}
+	lo := placed / n
+	for {
+		order := byLoad(load)
+		x, z := order[0], order[len(order)-1]
+		if load[x] >= lo || load[z] <= lo {
+			break
+		}
+		bg, bpos := -1, -1
+		for _, zz := range slices.Backward(order) {
+			if load[zz] <= lo {
+				break
+			}
+			for gi := range groups {
+				g := &groups[gi]
+				pos := slices.Index(g.members, zz)
+				if pos < 0 || slices.Contains(g.members, x) {
+					continue
+				}
+				if bg < 0 || pos > 0 && bpos == 0 || (pos > 0) == (bpos > 0) && score(g, x) > score(&groups[bg], x) {
+					bg, bpos, z = gi, pos, zz
+				}
+			}
+			if bg >= 0 {
+				break
+			}
+		}
+		if bg < 0 {
+			break
+		}
+		if groups[bg].oldLead == z {
+			groups[bg].oldLead = -1
+		}
+		groups[bg].members[bpos] = x
+		load[z]--
+		load[x]++
+	}
+
 	// Leaders: the current one if kept and below capL, else the first
 	// replica below capL. Then balance by augmenting paths, first to the
 	// tight ceil(S/N), then to capL, which is always reachable when every
@@ -277,6 +321,9 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 	}
 	balanceLeaders(groups, lload, capL-1)
 	balanceLeaders(groups, lload, capL)
+	// And no node below floor(S/N) where its replicas allow: a node that
+	// just joined takes its share of leaders, not only of replicas.
+	raiseLeaders(groups, lload, len(groups)/n)
 
 	out := make(Placement, len(ts))
 	start = 0
@@ -350,6 +397,59 @@ func augmentLeader(groups []pgroup, lload []int, c, z int) bool {
 				}
 				queue = append(queue, m)
 			}
+		}
+	}
+	return false
+}
+
+// raiseLeaders moves leadership until every node leads at least lo shards,
+// or no augmenting path is left: from an underloaded node u, a breadth-first
+// search over the shards each node is a follower of, to their leaders, finds
+// a node above lo, and leadership shifts one step along the path towards u.
+func raiseLeaders(groups []pgroup, lload []int, lo int) {
+	for changed := true; changed; {
+		changed = false
+		for u := range lload {
+			for lload[u] < lo && pullLeader(groups, lload, lo, u) {
+				changed = true
+			}
+		}
+	}
+}
+
+func pullLeader(groups []pgroup, lload []int, lo, u int) bool {
+	n := len(lload)
+	follows := make([][]int, n) // groups a node is a non-leading member of
+	for gi := range groups {
+		for _, m := range groups[gi].members {
+			if m != groups[gi].lead {
+				follows[m] = append(follows[m], gi)
+			}
+		}
+	}
+	via := make([]int, n)    // group whose leader a node is, through which it was reached
+	parent := make([]int, n) // the follower of that group the search came from
+	seen := make([]bool, n)
+	seen[u] = true
+	queue := []int{u}
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		for _, gi := range follows[x] {
+			w := groups[gi].lead
+			if seen[w] {
+				continue
+			}
+			seen[w], via[w], parent[w] = true, gi, x
+			if lload[w] > lo {
+				for v := w; v != u; v = parent[v] {
+					groups[via[v]].lead = parent[v]
+				}
+				lload[w]--
+				lload[u]++
+				return true
+			}
+			queue = append(queue, w)
 		}
 	}
 	return false

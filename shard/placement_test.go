@@ -273,6 +273,10 @@ func TestPlacementMovement(t *testing.T) {
 				t.Errorf("S=%d N=%d→%d: join moved %d replicas > %d (ideal %.1f)", s, n, n+1, jr, joinBound(s, r, n), ideal)
 			}
 			worstJoin = max(worstJoin, float64(jr)/max(ideal, 1))
+			// The new node leads its share too, not only holds it.
+			if _, lead := placementLoads(join.Placement); lead[grown[n]] < s/(n+1) {
+				t.Errorf("S=%d N=%d→%d: the joined node leads %d shards, want at least %d", s, n, n+1, lead[grown[n]], s/(n+1))
+			}
 
 			// Leave: remove one node; its replicas move, and a few more.
 			gone := nodes[n/2]

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -98,14 +100,30 @@ func (n *Node) askMetaLeader(ctx context.Context, name string, why error) error 
 // metaAuthoritative takes up to 2s.
 const metaAskTimeout = 3 * time.Second
 
-// groupFor finds this node's replica of table/shard and the table's spec.
-func (n *Node) groupFor(ctx context.Context, table string, shard uint32) (*replication.Group, *shardpb.TableSpec, error) {
+// groupFor finds this node's replica of table/shard and the table's spec,
+// for a request carrying the client's map epoch of the shard (0: unknown).
+//
+// Epoch rules: an epoch older than this node's is refused (ErrStaleEpoch),
+// and so is a request for a shard this node's map does not place here
+// (ErrNotReplica), unless the client's epoch is newer than this node's (its
+// map lags; the group itself is the judge then). Either way the client
+// refreshes its map: no request is served by a node the map has moved the
+// shard away from.
+func (n *Node) groupFor(ctx context.Context, table string, shard uint32, epoch uint64) (*replication.Group, *shardpb.TableSpec, error) {
 	spec, err := n.lookupSpec(ctx, table, false)
 	if err != nil {
 		return nil, nil, err
 	}
 	if shard >= spec.Shards {
 		return nil, nil, fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, ErrUnknownShard)
+	}
+	if sm := n.metaFSM.shardMap(table, shard); sm != nil {
+		switch {
+		case epoch != 0 && epoch < sm.Epoch:
+			return nil, nil, fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", groupID(table, shard), ErrStaleEpoch, epoch, n.cfg.ID, sm.Epoch)
+		case !isReplica(sm, n.cfg.ID) && epoch <= sm.Epoch:
+			return nil, nil, fmt.Errorf("group %s: %w: node %s is not in its replica set %v at epoch %d", groupID(table, shard), ErrNotReplica, n.cfg.ID, sm.Replicas, sm.Epoch)
+		}
 	}
 	g := n.Group(table, shard)
 	if g == nil {
@@ -147,7 +165,7 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	if req.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
 		return nil, toStatus(fmt.Errorf("%w: consistency %s is not available yet (linearizable or eventual)", ErrBadRequest, req.Consistency))
 	}
-	g, spec, err := s.n.groupFor(ctx, req.Table, req.Shard)
+	g, spec, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -183,7 +201,7 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	if err := s.checkSize("push", req); err != nil {
 		return nil, toStatus(err)
 	}
-	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard)
+	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -276,15 +294,17 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if int(spec.Replicas) != len(s.n.cfg.Peers) {
-		return nil, toStatus(fmt.Errorf("%w: table %q: replicas = %d, but in this static cluster every one of the %d nodes holds every shard", store.ErrInvalidConfig, spec.Name, spec.Replicas, len(s.n.cfg.Peers)))
-	}
 	r := s.n.meta.Raft
 	if r.State() != raft.Leader {
 		addr, id := r.LeaderWithID()
 		return nil, toStatus(&replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
-	if _, err := s.n.applyMeta(metaCreateTable, spec, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
+	s.n.waitPeersRegistered(ctx)
+	cmd, err := s.n.initialPlacement(spec)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if _, err := s.n.applyMeta(metaCreateTableV2, cmd, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
 		return nil, toStatus(err)
 	}
 	// Answer once this node serves every shard, so the caller can push at once.
@@ -300,6 +320,7 @@ func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableR
 		return nil, toStatus(err)
 	}
 	resp := &shardpb.DescribeTableResponse{Spec: spec}
+	resp.Shards, resp.Nodes = s.n.metaFSM.tableShards(spec)
 	for sh := range spec.Shards {
 		l := &shardpb.ShardLeader{Shard: sh}
 		if g := s.n.Group(spec.Name, sh); g != nil {
@@ -307,6 +328,10 @@ func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableR
 			l.LeaderAddr, l.LeaderId = string(addr), string(id)
 		}
 		resp.Leaders = append(resp.Leaders, l)
+		if resp.Shards[sh] == nil {
+			// A table created before the cluster map: no placement.
+			resp.Shards[sh] = &shardpb.ShardMap{Table: spec.Name, Shard: sh}
+		}
 	}
 	return resp, nil
 }
@@ -436,55 +461,76 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 
 func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
-	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList()}
+	cm := n.metaFSM.clusterMap()
+	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version}
 	resp.Replicas = append(resp.Replicas, replicaStatus(metaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
-	members := n.Members()
-	alive := map[string]bool{}
-	for _, m := range members {
-		alive[m.ID] = m.State == StateAlive
+	members := map[string]MemberInfo{}
+	for _, m := range n.Members() {
+		members[m.ID] = m
 	}
-	// Replica and leader counts per node, over this node's shard replicas:
-	// each group's Raft configuration names the nodes hosting it, and its
-	// known leader the node leading it.
-	replicas, leaders := map[string]uint32{}, map[string]uint32{}
-	for _, spec := range n.metaFSM.list() {
-		for sh := range spec.Shards {
-			// Where this node has no replica, the placement is today's
-			// static one: every peer holds every shard.
-			var hosts []string
-			for _, p := range n.cfg.Peers {
-				hosts = append(hosts, p.ID)
-			}
-			if g := n.Group(spec.Name, sh); g != nil {
-				r := g.Raft()
-				st := replicaStatus(g.ID(), spec.Name, sh, r, g.AppliedIndex(), g.Table())
-				resp.Replicas = append(resp.Replicas, st)
-				if f := r.GetConfiguration(); f.Error() == nil {
-					hosts = hosts[:0]
-					for _, srv := range f.Configuration().Servers {
-						hosts = append(hosts, string(srv.ID))
-					}
-				}
-				for _, h := range hosts {
-					replicas[h]++
-				}
-				if st.LeaderId != "" {
-					leaders[st.LeaderId]++
-				}
-			}
-			live := 0
-			for _, h := range hosts {
-				if alive[h] {
-					live++
-				}
-			}
-			if live < int(spec.Replicas) {
-				resp.UnderReplicated++
+	live := func(id string) bool {
+		st := members[id].State
+		return st == StateAlive || st == StateSuspect
+	}
+	specs := map[string]*shardpb.TableSpec{}
+	for _, t := range cm.Tables {
+		specs[t.Name] = t
+	}
+	replicas := map[string]uint32{}
+	for _, sm := range cm.Shards {
+		spec := specs[sm.Table]
+		if spec == nil {
+			continue
+		}
+		liveReplicas := 0
+		for _, id := range sm.Replicas {
+			replicas[id]++
+			if live(id) {
+				liveReplicas++
 			}
 		}
+		if liveReplicas < int(spec.Replicas) {
+			resp.UnderReplicated++
+		}
+		if sm.Adding != "" {
+			resp.Moving = append(resp.Moving, sm)
+		}
+		if g := n.Group(sm.Table, sm.Shard); g != nil {
+			resp.Replicas = append(resp.Replicas, replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table()))
+		}
 	}
-	for _, m := range members {
-		resp.Nodes = append(resp.Nodes, &shardpb.NodeInfo{Id: m.ID, Addr: m.Addr, State: m.State, Replicas: replicas[m.ID], Leaders: leaders[m.ID]})
+	// Every node in the map, and any other the gossip knows (a node not
+	// registered yet), sorted by ID.
+	ids := map[string]bool{}
+	for _, nd := range cm.Nodes {
+		ids[nd.Id] = true
+	}
+	for id := range members {
+		ids[id] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		m, ok := members[id]
+		info := &shardpb.NodeInfo{Id: id, Addr: m.Addr, State: StateDead, Replicas: replicas[id], Admin: "unregistered"}
+		if ok {
+			info.State = m.State
+			if m.State != StateDead {
+				info.Leaders = m.Leaders
+			}
+		}
+		if nd := n.metaFSM.node(id); nd != nil {
+			info.Addr, info.Admin = nd.Addr, adminName(nd.Admin)
+		}
+		if id == n.cfg.ID {
+			info.Leaders = 0
+			n.mu.RLock()
+			for _, g := range n.groups {
+				if g.IsLeader() {
+					info.Leaders++
+				}
+			}
+			n.mu.RUnlock()
+		}
+		resp.Nodes = append(resp.Nodes, info)
 	}
 	return resp, nil
 }

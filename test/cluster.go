@@ -1,10 +1,14 @@
 package test
 
 import (
+	"os"
+
 	"context"
 	"fmt"
+	"github.com/hashicorp/go-hclog"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +22,8 @@ import (
 // over real sockets. Nodes can be killed and restarted from their data.
 type Cluster struct {
 	t     testing.TB
+	tune  func(*shard.NodeConfig)
+	base  string
 	cfgs  []shard.NodeConfig
 	mu    sync.Mutex
 	nodes []*shard.Node // nil while down
@@ -45,13 +51,20 @@ func FastGossip() shard.MembershipConfig {
 // leader. Every node is closed when the test ends.
 func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, nodes: make([]*shard.Node, n)}
+	return StartClusterWith(t, n, raft, nil)
+}
+
+// StartClusterWith is StartCluster with each node's config passed through
+// tune (repair grace, move limits) before it starts.
+func StartClusterWith(t testing.TB, n int, raft replication.RaftConfig, tune func(*shard.NodeConfig)) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, nodes: make([]*shard.Node, n), tune: tune, base: t.TempDir()}
 	var peers []shard.Peer
 	addrs := freeAddrs(t, 2*n) // gRPC, then gossip
 	for i, addr := range addrs[:n] {
 		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: addr})
 	}
-	base := t.TempDir()
+	base := c.base
 	for i := range n {
 		g := FastGossip()
 		g.Addr = addrs[n+i]
@@ -60,7 +73,12 @@ func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 				g.Join = append(g.Join, addrs[n+j])
 			}
 		}
-		c.cfgs = append(c.cfgs, shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g})
+		cfg := shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g}
+		cfg.Logger = testLogger()
+		if tune != nil {
+			tune(&cfg)
+		}
+		c.cfgs = append(c.cfgs, cfg)
 	}
 	var wg sync.WaitGroup
 	for i := range n {
@@ -73,7 +91,31 @@ func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 		}
 	})
 	c.WaitMetaLeader(10 * time.Second)
+	c.WaitRegistered(n, 10*time.Second)
 	return c
+}
+
+// WaitRegistered waits until a live node's cluster map lists n nodes.
+func (c *Cluster) WaitRegistered(n int, timeout time.Duration) {
+	c.t.Helper()
+	c.waitFor(timeout, fmt.Sprintf("%d nodes in the cluster map", n), func() bool {
+		for i := range c.nodes {
+			if nd := c.Node(i); nd != nil && len(nd.ClusterMap().Nodes) >= n {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// testLogger is the nodes' logger: silent unless RAFTPS_TEST_LOG names a
+// level (info, debug, ...), for debugging a failing test.
+func testLogger() hclog.Logger {
+	lvl := os.Getenv("RAFTPS_TEST_LOG")
+	if lvl == "" {
+		return hclog.NewNullLogger()
+	}
+	return hclog.New(&hclog.LoggerOptions{Level: hclog.LevelFromString(lvl), Output: os.Stderr})
 }
 
 // freeAddrs returns n distinct 127.0.0.1 addresses whose ports were free a
@@ -92,11 +134,52 @@ func freeAddrs(t testing.TB, n int) []string {
 	return addrs
 }
 
+// AddNode starts a new node that joins the running cluster through the
+// others' addresses (--join), and returns its index.
+func (c *Cluster) AddNode() int {
+	c.t.Helper()
+	addrs := freeAddrs(c.t, 2)
+	c.mu.Lock()
+	i := len(c.cfgs)
+	id := fmt.Sprintf("n%d", i+1)
+	g := FastGossip()
+	g.Addr = addrs[1]
+	var join []string
+	for _, cfg := range c.cfgs {
+		join = append(join, cfg.Addr)
+		g.Join = append(g.Join, cfg.Gossip.Addr)
+	}
+	raft := c.cfgs[0].Raft
+	cfg := shard.NodeConfig{ID: id, Addr: addrs[0], DataDir: filepath.Join(c.base, id), Join: join, Raft: raft, Gossip: g}
+	cfg.Logger = testLogger()
+	if c.tune != nil {
+		c.tune(&cfg)
+	}
+	c.cfgs = append(c.cfgs, cfg)
+	c.nodes = append(c.nodes, nil)
+	c.mu.Unlock()
+	c.Start(i)
+	return i
+}
+
+// Len returns the number of nodes, up or down.
+func (c *Cluster) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cfgs)
+}
+
+// ID returns node i's ID.
+func (c *Cluster) ID(i int) string { return c.cfgs[i].ID }
+
 // Start starts node i (again) from its data directory.
 func (c *Cluster) Start(i int) {
-	n, err := shard.StartNode(c.cfgs[i])
+	c.mu.Lock()
+	cfg := c.cfgs[i]
+	c.mu.Unlock()
+	n, err := shard.StartNode(cfg)
 	if err != nil {
-		c.t.Errorf("starting %s: %v", c.cfgs[i].ID, err)
+		c.t.Errorf("starting %s: %v", cfg.ID, err)
 		return
 	}
 	c.mu.Lock()
@@ -127,6 +210,8 @@ func (c *Cluster) Node(i int) *shard.Node {
 
 // Addrs returns every node's gRPC address.
 func (c *Cluster) Addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var a []string
 	for _, cfg := range c.cfgs {
 		a = append(a, cfg.Addr)
@@ -183,7 +268,7 @@ func (c *Cluster) WaitConverged(table string, s uint32, timeout time.Duration) [
 		var ix []uint64
 		for i := range c.nodes {
 			n := c.Node(i)
-			if n == nil {
+			if n == nil || !c.holds(n, table, s) {
 				continue
 			}
 			g := n.Group(table, s)
@@ -201,11 +286,23 @@ func (c *Cluster) WaitConverged(table string, s uint32, timeout time.Duration) [
 	})
 	var sums []uint64
 	for i := range c.nodes {
-		if n := c.Node(i); n != nil {
-			sums = append(sums, n.Group(table, s).Table().Checksum())
+		if n := c.Node(i); n != nil && c.holds(n, table, s) {
+			if g := n.Group(table, s); g != nil {
+				sums = append(sums, g.Table().Checksum())
+			}
 		}
 	}
 	return sums
+}
+
+// holds reports whether node n's map places a replica of table/s on it.
+func (c *Cluster) holds(n *shard.Node, table string, s uint32) bool {
+	for _, sm := range n.ClusterMap().Shards {
+		if sm.Table == table && sm.Shard == s {
+			return slices.Contains(sm.Replicas, n.ID())
+		}
+	}
+	return false
 }
 
 func (c *Cluster) waitFor(timeout time.Duration, what string, cond func() bool) {

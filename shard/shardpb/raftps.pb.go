@@ -78,6 +78,111 @@ func (Consistency) EnumDescriptor() ([]byte, []int) {
 	return file_raftps_proto_rawDescGZIP(), []int{0}
 }
 
+type NodeAdmin int32
+
+const (
+	// Holds replicas; placement may put more on it.
+	NodeAdmin_NODE_ACTIVE NodeAdmin = 0
+	// Placement moves every replica and leader off it.
+	NodeAdmin_NODE_DRAINING NodeAdmin = 1
+	// Forgotten: treated as failed at once; its entry is deleted once it
+	// holds no replica.
+	NodeAdmin_NODE_REMOVED NodeAdmin = 2
+)
+
+// Enum value maps for NodeAdmin.
+var (
+	NodeAdmin_name = map[int32]string{
+		0: "NODE_ACTIVE",
+		1: "NODE_DRAINING",
+		2: "NODE_REMOVED",
+	}
+	NodeAdmin_value = map[string]int32{
+		"NODE_ACTIVE":   0,
+		"NODE_DRAINING": 1,
+		"NODE_REMOVED":  2,
+	}
+)
+
+func (x NodeAdmin) Enum() *NodeAdmin {
+	p := new(NodeAdmin)
+	*p = x
+	return p
+}
+
+func (x NodeAdmin) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeAdmin) Descriptor() protoreflect.EnumDescriptor {
+	return file_raftps_proto_enumTypes[1].Descriptor()
+}
+
+func (NodeAdmin) Type() protoreflect.EnumType {
+	return &file_raftps_proto_enumTypes[1]
+}
+
+func (x NodeAdmin) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeAdmin.Descriptor instead.
+func (NodeAdmin) EnumDescriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{1}
+}
+
+type ReconfigureOp int32
+
+const (
+	ReconfigureOp_RECONFIGURE_QUERY ReconfigureOp = 0
+	// Add node as a non-voter, wait until it has caught up, make it a voter.
+	ReconfigureOp_RECONFIGURE_ADD ReconfigureOp = 1
+	// Remove node from the group (the leader hands leadership over first if it
+	// is the one removed, and answers NotLeader).
+	ReconfigureOp_RECONFIGURE_REMOVE ReconfigureOp = 2
+)
+
+// Enum value maps for ReconfigureOp.
+var (
+	ReconfigureOp_name = map[int32]string{
+		0: "RECONFIGURE_QUERY",
+		1: "RECONFIGURE_ADD",
+		2: "RECONFIGURE_REMOVE",
+	}
+	ReconfigureOp_value = map[string]int32{
+		"RECONFIGURE_QUERY":  0,
+		"RECONFIGURE_ADD":    1,
+		"RECONFIGURE_REMOVE": 2,
+	}
+)
+
+func (x ReconfigureOp) Enum() *ReconfigureOp {
+	p := new(ReconfigureOp)
+	*p = x
+	return p
+}
+
+func (x ReconfigureOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReconfigureOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_raftps_proto_enumTypes[2].Descriptor()
+}
+
+func (ReconfigureOp) Type() protoreflect.EnumType {
+	return &file_raftps_proto_enumTypes[2]
+}
+
+func (x ReconfigureOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReconfigureOp.Descriptor instead.
+func (ReconfigureOp) EnumDescriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{2}
+}
+
 type TableSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -205,7 +310,11 @@ type PullRequest struct {
 	// Little-endian uint64 keys, all of this shard.
 	Keys []byte `protobuf:"bytes,3,opt,name=keys,proto3" json:"keys,omitempty"`
 	// Stronger than the table's level is allowed; weaker is refused.
-	Consistency   Consistency `protobuf:"varint,4,opt,name=consistency,proto3,enum=raftps.v1.Consistency" json:"consistency,omitempty"`
+	Consistency Consistency `protobuf:"varint,4,opt,name=consistency,proto3,enum=raftps.v1.Consistency" json:"consistency,omitempty"`
+	// The shard's map epoch as the client knows it (0: unknown, not checked).
+	// A node with a newer map refuses an older epoch (FAILED_PRECONDITION,
+	// "stale shard map"); the client refreshes its map and retries.
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +375,13 @@ func (x *PullRequest) GetConsistency() Consistency {
 		return x.Consistency
 	}
 	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+func (x *PullRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type PullResponse struct {
@@ -331,8 +447,10 @@ type PushRequest struct {
 	ClientId uint64 `protobuf:"varint,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Seq      uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Little-endian uint64 keys and float32 gradients (keys × dim).
-	Keys          []byte `protobuf:"bytes,5,opt,name=keys,proto3" json:"keys,omitempty"`
-	Grads         []byte `protobuf:"bytes,6,opt,name=grads,proto3" json:"grads,omitempty"`
+	Keys  []byte `protobuf:"bytes,5,opt,name=keys,proto3" json:"keys,omitempty"`
+	Grads []byte `protobuf:"bytes,6,opt,name=grads,proto3" json:"grads,omitempty"`
+	// As in PullRequest.
+	Epoch         uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,6 +525,13 @@ func (x *PushRequest) GetGrads() []byte {
 		return x.Grads
 	}
 	return nil
+}
+
+func (x *PushRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type PushResponse struct {
@@ -847,7 +972,11 @@ type DescribeTableResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Each shard's leader as this node knows it.
-	Leaders       []*ShardLeader `protobuf:"bytes,2,rep,name=leaders,proto3" json:"leaders,omitempty"`
+	Leaders []*ShardLeader `protobuf:"bytes,2,rep,name=leaders,proto3" json:"leaders,omitempty"`
+	// Each shard's replica set and epoch from the answering node's map, and
+	// the nodes they name (addresses).
+	Shards        []*ShardMap    `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	Nodes         []*ClusterNode `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -892,6 +1021,20 @@ func (x *DescribeTableResponse) GetSpec() *TableSpec {
 func (x *DescribeTableResponse) GetLeaders() []*ShardLeader {
 	if x != nil {
 		return x.Leaders
+	}
+	return nil
+}
+
+func (x *DescribeTableResponse) GetShards() []*ShardMap {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *DescribeTableResponse) GetNodes() []*ClusterNode {
+	if x != nil {
+		return x.Nodes
 	}
 	return nil
 }
@@ -1086,8 +1229,12 @@ type StatusResponse struct {
 	// replicas, as this node sees it: a replica is live if its node is alive
 	// in this node's gossip (memberlist) view.
 	UnderReplicated uint32 `protobuf:"varint,6,opt,name=under_replicated,json=underReplicated,proto3" json:"under_replicated,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The answering node's cluster map version, and the shards being moved:
+	// a replica is being added to them (caught up, then made a voter).
+	MapVersion    uint64      `protobuf:"varint,7,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Moving        []*ShardMap `protobuf:"bytes,8,rep,name=moving,proto3" json:"moving,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1162,6 +1309,20 @@ func (x *StatusResponse) GetUnderReplicated() uint32 {
 	return 0
 }
 
+func (x *StatusResponse) GetMapVersion() uint64 {
+	if x != nil {
+		return x.MapVersion
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetMoving() []*ShardMap {
+	if x != nil {
+		return x.Moving
+	}
+	return nil
+}
+
 // NodeInfo is one node as the answering node sees it.
 type NodeInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1171,11 +1332,12 @@ type NodeInfo struct {
 	// Liveness by gossip: "alive", "suspect" or "dead" (also a node that left
 	// or was never heard from).
 	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	// The table shard replicas the node hosts and the shard groups it leads,
-	// counted over the answering node's replicas (their Raft configuration
-	// and known leader; for the answering node itself, exactly its own).
-	Replicas      uint32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Leaders       uint32 `protobuf:"varint,5,opt,name=leaders,proto3" json:"leaders,omitempty"`
+	// The shard replicas the cluster map places on the node, and the shard
+	// groups it leads as it last gossiped (memberlist metadata).
+	Replicas uint32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Leaders  uint32 `protobuf:"varint,5,opt,name=leaders,proto3" json:"leaders,omitempty"`
+	// "active", "draining" or "removed" (the cluster map's admin state).
+	Admin         string `protobuf:"bytes,6,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1243,6 +1405,13 @@ func (x *NodeInfo) GetLeaders() uint32 {
 		return x.Leaders
 	}
 	return 0
+}
+
+func (x *NodeInfo) GetAdmin() string {
+	if x != nil {
+		return x.Admin
+	}
+	return ""
 }
 
 type ReplicaStatus struct {
@@ -1876,9 +2045,13 @@ func (x *JobMember) GetAddr() string {
 // MetaSnapshot is the metadata group's state in a snapshot (format 2; see
 // shard/meta.go): tables and jobs, each sorted by name.
 type MetaSnapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tables        []*TableSpec           `protobuf:"bytes,1,rep,name=tables,proto3" json:"tables,omitempty"`
-	Jobs          []*Job                 `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tables []*TableSpec           `protobuf:"bytes,1,rep,name=tables,proto3" json:"tables,omitempty"`
+	Jobs   []*Job                 `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Format 3: the cluster map.
+	Nodes         []*ClusterNode `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Shards        []*ShardMap    `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	MapVersion    uint64         `protobuf:"varint,5,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1927,6 +2100,752 @@ func (x *MetaSnapshot) GetJobs() []*Job {
 	return nil
 }
 
+func (x *MetaSnapshot) GetNodes() []*ClusterNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *MetaSnapshot) GetShards() []*ShardMap {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *MetaSnapshot) GetMapVersion() uint64 {
+	if x != nil {
+		return x.MapVersion
+	}
+	return 0
+}
+
+// ClusterNode is one node of the cluster map.
+type ClusterNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// gRPC and gossip (memberlist) addresses.
+	Addr          string    `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	GossipAddr    string    `protobuf:"bytes,3,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	Admin         NodeAdmin `protobuf:"varint,4,opt,name=admin,proto3,enum=raftps.v1.NodeAdmin" json:"admin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterNode) Reset() {
+	*x = ClusterNode{}
+	mi := &file_raftps_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterNode) ProtoMessage() {}
+
+func (x *ClusterNode) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
+func (*ClusterNode) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ClusterNode) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetAdmin() NodeAdmin {
+	if x != nil {
+		return x.Admin
+	}
+	return NodeAdmin_NODE_ACTIVE
+}
+
+// ShardMap is one shard's placement in the cluster map.
+type ShardMap struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	// The node IDs of the group's voters, first the preferred leader.
+	Replicas []string `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// A node being added: a non-voter catching up, or "".
+	Adding string `protobuf:"bytes,4,opt,name=adding,proto3" json:"adding,omitempty"`
+	// 1 when the table is created; +1 on every change of this entry.
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardMap) Reset() {
+	*x = ShardMap{}
+	mi := &file_raftps_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardMap) ProtoMessage() {}
+
+func (x *ShardMap) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
+func (*ShardMap) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ShardMap) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ShardMap) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardMap) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *ShardMap) GetAdding() string {
+	if x != nil {
+		return x.Adding
+	}
+	return ""
+}
+
+func (x *ShardMap) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// ClusterMap is the whole map, as GetClusterMap returns it.
+type ClusterMap struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Nodes         []*ClusterNode         `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Shards        []*ShardMap            `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	Tables        []*TableSpec           `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterMap) Reset() {
+	*x = ClusterMap{}
+	mi := &file_raftps_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterMap) ProtoMessage() {}
+
+func (x *ClusterMap) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
+func (*ClusterMap) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ClusterMap) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ClusterMap) GetNodes() []*ClusterNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ClusterMap) GetShards() []*ShardMap {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *ClusterMap) GetTables() []*TableSpec {
+	if x != nil {
+		return x.Tables
+	}
+	return nil
+}
+
+type JoinClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *ClusterNode           `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterRequest) Reset() {
+	*x = JoinClusterRequest{}
+	mi := &file_raftps_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterRequest) ProtoMessage() {}
+
+func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
+func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *JoinClusterRequest) GetNode() *ClusterNode {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type JoinClusterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MapVersion    uint64                 `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterResponse) Reset() {
+	*x = JoinClusterResponse{}
+	mi := &file_raftps_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterResponse) ProtoMessage() {}
+
+func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
+func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *JoinClusterResponse) GetMapVersion() uint64 {
+	if x != nil {
+		return x.MapVersion
+	}
+	return 0
+}
+
+type SetNodeAdminRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Admin         NodeAdmin              `protobuf:"varint,2,opt,name=admin,proto3,enum=raftps.v1.NodeAdmin" json:"admin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeAdminRequest) Reset() {
+	*x = SetNodeAdminRequest{}
+	mi := &file_raftps_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeAdminRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeAdminRequest) ProtoMessage() {}
+
+func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeAdminRequest.ProtoReflect.Descriptor instead.
+func (*SetNodeAdminRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *SetNodeAdminRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetNodeAdminRequest) GetAdmin() NodeAdmin {
+	if x != nil {
+		return x.Admin
+	}
+	return NodeAdmin_NODE_ACTIVE
+}
+
+type SetNodeAdminResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeAdminResponse) Reset() {
+	*x = SetNodeAdminResponse{}
+	mi := &file_raftps_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeAdminResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeAdminResponse) ProtoMessage() {}
+
+func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeAdminResponse.ProtoReflect.Descriptor instead.
+func (*SetNodeAdminResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{37}
+}
+
+type GetClusterMapRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterMapRequest) Reset() {
+	*x = GetClusterMapRequest{}
+	mi := &file_raftps_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterMapRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterMapRequest) ProtoMessage() {}
+
+func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
+func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{38}
+}
+
+// MetaSetShard is the metadata command that changes one shard's entry, if
+// its epoch is still expect_epoch (compare and set).
+type MetaSetShard struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	ExpectEpoch   uint64                 `protobuf:"varint,3,opt,name=expect_epoch,json=expectEpoch,proto3" json:"expect_epoch,omitempty"`
+	Replicas      []string               `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Adding        string                 `protobuf:"bytes,5,opt,name=adding,proto3" json:"adding,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaSetShard) Reset() {
+	*x = MetaSetShard{}
+	mi := &file_raftps_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaSetShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaSetShard) ProtoMessage() {}
+
+func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaSetShard.ProtoReflect.Descriptor instead.
+func (*MetaSetShard) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *MetaSetShard) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *MetaSetShard) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *MetaSetShard) GetExpectEpoch() uint64 {
+	if x != nil {
+		return x.ExpectEpoch
+	}
+	return 0
+}
+
+func (x *MetaSetShard) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *MetaSetShard) GetAdding() string {
+	if x != nil {
+		return x.Adding
+	}
+	return ""
+}
+
+// MetaCreateTable is the metadata command that creates a table with its
+// initial placement (epoch 1 everywhere).
+type MetaCreateTable struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Spec          *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Shards        []*ShardMap            `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaCreateTable) Reset() {
+	*x = MetaCreateTable{}
+	mi := &file_raftps_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaCreateTable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaCreateTable) ProtoMessage() {}
+
+func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaCreateTable.ProtoReflect.Descriptor instead.
+func (*MetaCreateTable) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *MetaCreateTable) GetSpec() *TableSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *MetaCreateTable) GetShards() []*ShardMap {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+type ReconfigureRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	Op            ReconfigureOp          `protobuf:"varint,3,opt,name=op,proto3,enum=raftps.v1.ReconfigureOp" json:"op,omitempty"`
+	NodeId        string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeAddr      string                 `protobuf:"bytes,5,opt,name=node_addr,json=nodeAddr,proto3" json:"node_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigureRequest) Reset() {
+	*x = ReconfigureRequest{}
+	mi := &file_raftps_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigureRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigureRequest) ProtoMessage() {}
+
+func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
+func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ReconfigureRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ReconfigureRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ReconfigureRequest) GetOp() ReconfigureOp {
+	if x != nil {
+		return x.Op
+	}
+	return ReconfigureOp_RECONFIGURE_QUERY
+}
+
+func (x *ReconfigureRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReconfigureRequest) GetNodeAddr() string {
+	if x != nil {
+		return x.NodeAddr
+	}
+	return ""
+}
+
+type ReconfigureResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answering replica's view: its state, applied index and the group's
+	// configuration (voters and non-voters).
+	State         string   `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	AppliedIndex  uint64   `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Voters        []string `protobuf:"bytes,3,rep,name=voters,proto3" json:"voters,omitempty"`
+	Nonvoters     []string `protobuf:"bytes,4,rep,name=nonvoters,proto3" json:"nonvoters,omitempty"`
+	LeaderId      string   `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderAddr    string   `protobuf:"bytes,6,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigureResponse) Reset() {
+	*x = ReconfigureResponse{}
+	mi := &file_raftps_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigureResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigureResponse) ProtoMessage() {}
+
+func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
+func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ReconfigureResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ReconfigureResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ReconfigureResponse) GetVoters() []string {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *ReconfigureResponse) GetNonvoters() []string {
+	if x != nil {
+		return x.Nonvoters
+	}
+	return nil
+}
+
+func (x *ReconfigureResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *ReconfigureResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
 var File_raftps_proto protoreflect.FileDescriptor
 
 const file_raftps_proto_rawDesc = "" +
@@ -1943,22 +2862,24 @@ const file_raftps_proto_rawDesc = "" +
 	"\x12staleness_bound_ns\x18\b \x01(\x03R\x10stalenessBoundNs\x12\x1a\n" +
 	"\breplicas\x18\t \x01(\rR\breplicas\x12 \n" +
 	"\vreplication\x18\n" +
-	" \x01(\tR\vreplication\"\x87\x01\n" +
+	" \x01(\tR\vreplication\"\x9d\x01\n" +
 	"\vPullRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
 	"\x04keys\x18\x03 \x01(\fR\x04keys\x128\n" +
-	"\vconsistency\x18\x04 \x01(\x0e2\x16.raftps.v1.ConsistencyR\vconsistency\"K\n" +
+	"\vconsistency\x18\x04 \x01(\x0e2\x16.raftps.v1.ConsistencyR\vconsistency\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"K\n" +
 	"\fPullResponse\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x12#\n" +
-	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\x92\x01\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\xa8\x01\n" +
 	"\vPushRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04keys\x18\x05 \x01(\fR\x04keys\x12\x14\n" +
-	"\x05grads\x18\x06 \x01(\fR\x05grads\",\n" +
+	"\x05grads\x18\x06 \x01(\fR\x05grads\x12\x14\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\",\n" +
 	"\fPushResponse\x12\x1c\n" +
 	"\tduplicate\x18\x01 \x01(\bR\tduplicate\"Z\n" +
 	"\tPartError\x12\x12\n" +
@@ -1981,10 +2902,12 @@ const file_raftps_proto_rawDesc = "" +
 	"\x13CreateTableResponse\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\"*\n" +
 	"\x14DescribeTableRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"s\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xce\x01\n" +
 	"\x15DescribeTableResponse\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\x120\n" +
-	"\aleaders\x18\x02 \x03(\v2\x16.raftps.v1.ShardLeaderR\aleaders\"a\n" +
+	"\aleaders\x18\x02 \x03(\v2\x16.raftps.v1.ShardLeaderR\aleaders\x12+\n" +
+	"\x06shards\x18\x03 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\x12,\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x16.raftps.v1.ClusterNodeR\x05nodes\"a\n" +
 	"\vShardLeader\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1f\n" +
@@ -1993,20 +2916,24 @@ const file_raftps_proto_rawDesc = "" +
 	"\x11ListTablesRequest\"B\n" +
 	"\x12ListTablesResponse\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"\x0f\n" +
-	"\rStatusRequest\"\xed\x01\n" +
+	"\rStatusRequest\"\xbb\x02\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x13.raftps.v1.NodeInfoR\x05nodes\x124\n" +
 	"\breplicas\x18\x04 \x03(\v2\x18.raftps.v1.ReplicaStatusR\breplicas\x12\"\n" +
 	"\x04jobs\x18\x05 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\x12)\n" +
-	"\x10under_replicated\x18\x06 \x01(\rR\x0funderReplicated\"z\n" +
+	"\x10under_replicated\x18\x06 \x01(\rR\x0funderReplicated\x12\x1f\n" +
+	"\vmap_version\x18\a \x01(\x04R\n" +
+	"mapVersion\x12+\n" +
+	"\x06moving\x18\b \x03(\v2\x13.raftps.v1.ShardMapR\x06moving\"\x90\x01\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\rR\breplicas\x12\x18\n" +
-	"\aleaders\x18\x05 \x01(\rR\aleaders\"\xd7\x02\n" +
+	"\aleaders\x18\x05 \x01(\rR\aleaders\x12\x14\n" +
+	"\x05admin\x18\x06 \x01(\tR\x05admin\"\xd7\x02\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
@@ -2051,15 +2978,78 @@ const file_raftps_proto_rawDesc = "" +
 	"\amembers\x18\x04 \x03(\v2\x14.raftps.v1.JobMemberR\amembers\"3\n" +
 	"\tJobMember\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"`\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xdc\x01\n" +
 	"\fMetaSnapshot\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\x12\"\n" +
-	"\x04jobs\x18\x02 \x03(\v2\x0e.raftps.v1.JobR\x04jobs*{\n" +
+	"\x04jobs\x18\x02 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\x12,\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x16.raftps.v1.ClusterNodeR\x05nodes\x12+\n" +
+	"\x06shards\x18\x04 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\x12\x1f\n" +
+	"\vmap_version\x18\x05 \x01(\x04R\n" +
+	"mapVersion\"~\n" +
+	"\vClusterNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1f\n" +
+	"\vgossip_addr\x18\x03 \x01(\tR\n" +
+	"gossipAddr\x12*\n" +
+	"\x05admin\x18\x04 \x01(\x0e2\x14.raftps.v1.NodeAdminR\x05admin\"\x80\x01\n" +
+	"\bShardMap\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1a\n" +
+	"\breplicas\x18\x03 \x03(\tR\breplicas\x12\x16\n" +
+	"\x06adding\x18\x04 \x01(\tR\x06adding\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"\xaf\x01\n" +
+	"\n" +
+	"ClusterMap\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x16.raftps.v1.ClusterNodeR\x05nodes\x12+\n" +
+	"\x06shards\x18\x03 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\x12,\n" +
+	"\x06tables\x18\x04 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"@\n" +
+	"\x12JoinClusterRequest\x12*\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.raftps.v1.ClusterNodeR\x04node\"6\n" +
+	"\x13JoinClusterResponse\x12\x1f\n" +
+	"\vmap_version\x18\x01 \x01(\x04R\n" +
+	"mapVersion\"Q\n" +
+	"\x13SetNodeAdminRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
+	"\x05admin\x18\x02 \x01(\x0e2\x14.raftps.v1.NodeAdminR\x05admin\"\x16\n" +
+	"\x14SetNodeAdminResponse\"\x16\n" +
+	"\x14GetClusterMapRequest\"\x91\x01\n" +
+	"\fMetaSetShard\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12!\n" +
+	"\fexpect_epoch\x18\x03 \x01(\x04R\vexpectEpoch\x12\x1a\n" +
+	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x16\n" +
+	"\x06adding\x18\x05 \x01(\tR\x06adding\"h\n" +
+	"\x0fMetaCreateTable\x12(\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\x12+\n" +
+	"\x06shards\x18\x02 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\"\xa0\x01\n" +
+	"\x12ReconfigureRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12(\n" +
+	"\x02op\x18\x03 \x01(\x0e2\x18.raftps.v1.ReconfigureOpR\x02op\x12\x17\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tnode_addr\x18\x05 \x01(\tR\bnodeAddr\"\xc4\x01\n" +
+	"\x13ReconfigureResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12#\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x16\n" +
+	"\x06voters\x18\x03 \x03(\tR\x06voters\x12\x1c\n" +
+	"\tnonvoters\x18\x04 \x03(\tR\tnonvoters\x12\x1b\n" +
+	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12\x1f\n" +
+	"\vleader_addr\x18\x06 \x01(\tR\n" +
+	"leaderAddr*{\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x17\n" +
 	"\x13CONSISTENCY_BOUNDED\x10\x02\x12\x18\n" +
-	"\x14CONSISTENCY_EVENTUAL\x10\x032\x88\x06\n" +
+	"\x14CONSISTENCY_EVENTUAL\x10\x03*A\n" +
+	"\tNodeAdmin\x12\x0f\n" +
+	"\vNODE_ACTIVE\x10\x00\x12\x11\n" +
+	"\rNODE_DRAINING\x10\x01\x12\x10\n" +
+	"\fNODE_REMOVED\x10\x02*S\n" +
+	"\rReconfigureOp\x12\x15\n" +
+	"\x11RECONFIGURE_QUERY\x10\x00\x12\x13\n" +
+	"\x0fRECONFIGURE_ADD\x10\x01\x12\x16\n" +
+	"\x12RECONFIGURE_REMOVE\x10\x022\xbe\b\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -2072,7 +3062,11 @@ const file_raftps_proto_rawDesc = "" +
 	"\x06Status\x12\x18.raftps.v1.StatusRequest\x1a\x19.raftps.v1.StatusResponse\x12@\n" +
 	"\aJoinJob\x12\x19.raftps.v1.JoinJobRequest\x1a\x1a.raftps.v1.JoinJobResponse\x12=\n" +
 	"\x06GetJob\x12\x18.raftps.v1.GetJobRequest\x1a\x19.raftps.v1.GetJobResponse\x12F\n" +
-	"\tDeleteJob\x12\x1b.raftps.v1.DeleteJobRequest\x1a\x1c.raftps.v1.DeleteJobResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\tDeleteJob\x12\x1b.raftps.v1.DeleteJobRequest\x1a\x1c.raftps.v1.DeleteJobResponse\x12L\n" +
+	"\vJoinCluster\x12\x1d.raftps.v1.JoinClusterRequest\x1a\x1e.raftps.v1.JoinClusterResponse\x12O\n" +
+	"\fSetNodeAdmin\x12\x1e.raftps.v1.SetNodeAdminRequest\x1a\x1f.raftps.v1.SetNodeAdminResponse\x12G\n" +
+	"\rGetClusterMap\x12\x1f.raftps.v1.GetClusterMapRequest\x1a\x15.raftps.v1.ClusterMap\x12L\n" +
+	"\vReconfigure\x12\x1d.raftps.v1.ReconfigureRequest\x1a\x1e.raftps.v1.ReconfigureResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_raftps_proto_rawDescOnce sync.Once
@@ -2086,90 +3080,126 @@ func file_raftps_proto_rawDescGZIP() []byte {
 	return file_raftps_proto_rawDescData
 }
 
-var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
-	(*TableSpec)(nil),             // 1: raftps.v1.TableSpec
-	(*PullRequest)(nil),           // 2: raftps.v1.PullRequest
-	(*PullResponse)(nil),          // 3: raftps.v1.PullResponse
-	(*PushRequest)(nil),           // 4: raftps.v1.PushRequest
-	(*PushResponse)(nil),          // 5: raftps.v1.PushResponse
-	(*PartError)(nil),             // 6: raftps.v1.PartError
-	(*PullBatchRequest)(nil),      // 7: raftps.v1.PullBatchRequest
-	(*PullBatchResponse)(nil),     // 8: raftps.v1.PullBatchResponse
-	(*PushBatchRequest)(nil),      // 9: raftps.v1.PushBatchRequest
-	(*PushBatchResponse)(nil),     // 10: raftps.v1.PushBatchResponse
-	(*CreateTableRequest)(nil),    // 11: raftps.v1.CreateTableRequest
-	(*CreateTableResponse)(nil),   // 12: raftps.v1.CreateTableResponse
-	(*DescribeTableRequest)(nil),  // 13: raftps.v1.DescribeTableRequest
-	(*DescribeTableResponse)(nil), // 14: raftps.v1.DescribeTableResponse
-	(*ShardLeader)(nil),           // 15: raftps.v1.ShardLeader
-	(*ListTablesRequest)(nil),     // 16: raftps.v1.ListTablesRequest
-	(*ListTablesResponse)(nil),    // 17: raftps.v1.ListTablesResponse
-	(*StatusRequest)(nil),         // 18: raftps.v1.StatusRequest
-	(*StatusResponse)(nil),        // 19: raftps.v1.StatusResponse
-	(*NodeInfo)(nil),              // 20: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 21: raftps.v1.ReplicaStatus
-	(*NotLeader)(nil),             // 22: raftps.v1.NotLeader
-	(*JoinJobRequest)(nil),        // 23: raftps.v1.JoinJobRequest
-	(*JoinJobResponse)(nil),       // 24: raftps.v1.JoinJobResponse
-	(*GetJobRequest)(nil),         // 25: raftps.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 26: raftps.v1.GetJobResponse
-	(*DeleteJobRequest)(nil),      // 27: raftps.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),     // 28: raftps.v1.DeleteJobResponse
-	(*Job)(nil),                   // 29: raftps.v1.Job
-	(*JobMember)(nil),             // 30: raftps.v1.JobMember
-	(*MetaSnapshot)(nil),          // 31: raftps.v1.MetaSnapshot
+	(NodeAdmin)(0),                // 1: raftps.v1.NodeAdmin
+	(ReconfigureOp)(0),            // 2: raftps.v1.ReconfigureOp
+	(*TableSpec)(nil),             // 3: raftps.v1.TableSpec
+	(*PullRequest)(nil),           // 4: raftps.v1.PullRequest
+	(*PullResponse)(nil),          // 5: raftps.v1.PullResponse
+	(*PushRequest)(nil),           // 6: raftps.v1.PushRequest
+	(*PushResponse)(nil),          // 7: raftps.v1.PushResponse
+	(*PartError)(nil),             // 8: raftps.v1.PartError
+	(*PullBatchRequest)(nil),      // 9: raftps.v1.PullBatchRequest
+	(*PullBatchResponse)(nil),     // 10: raftps.v1.PullBatchResponse
+	(*PushBatchRequest)(nil),      // 11: raftps.v1.PushBatchRequest
+	(*PushBatchResponse)(nil),     // 12: raftps.v1.PushBatchResponse
+	(*CreateTableRequest)(nil),    // 13: raftps.v1.CreateTableRequest
+	(*CreateTableResponse)(nil),   // 14: raftps.v1.CreateTableResponse
+	(*DescribeTableRequest)(nil),  // 15: raftps.v1.DescribeTableRequest
+	(*DescribeTableResponse)(nil), // 16: raftps.v1.DescribeTableResponse
+	(*ShardLeader)(nil),           // 17: raftps.v1.ShardLeader
+	(*ListTablesRequest)(nil),     // 18: raftps.v1.ListTablesRequest
+	(*ListTablesResponse)(nil),    // 19: raftps.v1.ListTablesResponse
+	(*StatusRequest)(nil),         // 20: raftps.v1.StatusRequest
+	(*StatusResponse)(nil),        // 21: raftps.v1.StatusResponse
+	(*NodeInfo)(nil),              // 22: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 23: raftps.v1.ReplicaStatus
+	(*NotLeader)(nil),             // 24: raftps.v1.NotLeader
+	(*JoinJobRequest)(nil),        // 25: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 26: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 27: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 28: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 29: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 30: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 31: raftps.v1.Job
+	(*JobMember)(nil),             // 32: raftps.v1.JobMember
+	(*MetaSnapshot)(nil),          // 33: raftps.v1.MetaSnapshot
+	(*ClusterNode)(nil),           // 34: raftps.v1.ClusterNode
+	(*ShardMap)(nil),              // 35: raftps.v1.ShardMap
+	(*ClusterMap)(nil),            // 36: raftps.v1.ClusterMap
+	(*JoinClusterRequest)(nil),    // 37: raftps.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),   // 38: raftps.v1.JoinClusterResponse
+	(*SetNodeAdminRequest)(nil),   // 39: raftps.v1.SetNodeAdminRequest
+	(*SetNodeAdminResponse)(nil),  // 40: raftps.v1.SetNodeAdminResponse
+	(*GetClusterMapRequest)(nil),  // 41: raftps.v1.GetClusterMapRequest
+	(*MetaSetShard)(nil),          // 42: raftps.v1.MetaSetShard
+	(*MetaCreateTable)(nil),       // 43: raftps.v1.MetaCreateTable
+	(*ReconfigureRequest)(nil),    // 44: raftps.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),   // 45: raftps.v1.ReconfigureResponse
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
 	0,  // 1: raftps.v1.PullRequest.consistency:type_name -> raftps.v1.Consistency
-	2,  // 2: raftps.v1.PullBatchRequest.parts:type_name -> raftps.v1.PullRequest
-	3,  // 3: raftps.v1.PullBatchResponse.parts:type_name -> raftps.v1.PullResponse
-	6,  // 4: raftps.v1.PullBatchResponse.errors:type_name -> raftps.v1.PartError
-	4,  // 5: raftps.v1.PushBatchRequest.parts:type_name -> raftps.v1.PushRequest
-	5,  // 6: raftps.v1.PushBatchResponse.parts:type_name -> raftps.v1.PushResponse
-	6,  // 7: raftps.v1.PushBatchResponse.errors:type_name -> raftps.v1.PartError
-	1,  // 8: raftps.v1.CreateTableRequest.spec:type_name -> raftps.v1.TableSpec
-	1,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
-	1,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
-	15, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	1,  // 12: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
-	20, // 13: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	21, // 14: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	29, // 15: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
-	29, // 16: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
-	30, // 17: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
-	1,  // 18: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
-	29, // 19: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
-	2,  // 20: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
-	4,  // 21: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
-	7,  // 22: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
-	9,  // 23: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
-	11, // 24: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
-	13, // 25: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
-	16, // 26: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
-	18, // 27: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	23, // 28: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
-	25, // 29: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
-	27, // 30: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
-	3,  // 31: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	5,  // 32: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	8,  // 33: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	10, // 34: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	12, // 35: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	14, // 36: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	17, // 37: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	19, // 38: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	24, // 39: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
-	26, // 40: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
-	28, // 41: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	4,  // 2: raftps.v1.PullBatchRequest.parts:type_name -> raftps.v1.PullRequest
+	5,  // 3: raftps.v1.PullBatchResponse.parts:type_name -> raftps.v1.PullResponse
+	8,  // 4: raftps.v1.PullBatchResponse.errors:type_name -> raftps.v1.PartError
+	6,  // 5: raftps.v1.PushBatchRequest.parts:type_name -> raftps.v1.PushRequest
+	7,  // 6: raftps.v1.PushBatchResponse.parts:type_name -> raftps.v1.PushResponse
+	8,  // 7: raftps.v1.PushBatchResponse.errors:type_name -> raftps.v1.PartError
+	3,  // 8: raftps.v1.CreateTableRequest.spec:type_name -> raftps.v1.TableSpec
+	3,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
+	3,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
+	17, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
+	35, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
+	34, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
+	3,  // 14: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
+	22, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	23, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	31, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	35, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
+	31, // 19: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	32, // 20: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	3,  // 21: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
+	31, // 22: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	34, // 23: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
+	35, // 24: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
+	1,  // 25: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
+	34, // 26: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
+	35, // 27: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
+	3,  // 28: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
+	34, // 29: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
+	1,  // 30: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
+	3,  // 31: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
+	35, // 32: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
+	2,  // 33: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
+	4,  // 34: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
+	6,  // 35: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
+	9,  // 36: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
+	11, // 37: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
+	13, // 38: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
+	15, // 39: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
+	18, // 40: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
+	20, // 41: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
+	25, // 42: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	27, // 43: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	29, // 44: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	37, // 45: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
+	39, // 46: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
+	41, // 47: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
+	44, // 48: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
+	5,  // 49: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	7,  // 50: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	10, // 51: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	12, // 52: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	14, // 53: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	16, // 54: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	19, // 55: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	21, // 56: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	26, // 57: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	28, // 58: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	30, // 59: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	38, // 60: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
+	40, // 61: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
+	36, // 62: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
+	45, // 63: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
+	49, // [49:64] is the sub-list for method output_type
+	34, // [34:49] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_raftps_proto_init() }
@@ -2182,8 +3212,8 @@ func file_raftps_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   31,
+			NumEnums:      3,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

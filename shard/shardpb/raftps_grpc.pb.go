@@ -34,6 +34,10 @@ const (
 	ParameterServer_JoinJob_FullMethodName       = "/raftps.v1.ParameterServer/JoinJob"
 	ParameterServer_GetJob_FullMethodName        = "/raftps.v1.ParameterServer/GetJob"
 	ParameterServer_DeleteJob_FullMethodName     = "/raftps.v1.ParameterServer/DeleteJob"
+	ParameterServer_JoinCluster_FullMethodName   = "/raftps.v1.ParameterServer/JoinCluster"
+	ParameterServer_SetNodeAdmin_FullMethodName  = "/raftps.v1.ParameterServer/SetNodeAdmin"
+	ParameterServer_GetClusterMap_FullMethodName = "/raftps.v1.ParameterServer/GetClusterMap"
+	ParameterServer_Reconfigure_FullMethodName   = "/raftps.v1.ParameterServer/Reconfigure"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -71,6 +75,18 @@ type ParameterServerClient interface {
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
 	// DeleteJob removes the job. NOT_FOUND if there is no such job.
 	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
+	// The elastic cluster. JoinCluster registers a node in the cluster map
+	// and makes it a member (non-voter at first) of the metadata group;
+	// SetNodeAdmin drains, removes or reactivates a node; GetClusterMap returns
+	// the map as the metadata leader has it. A metadata follower forwards these
+	// calls to the metadata leader.
+	JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error)
+	SetNodeAdmin(ctx context.Context, in *SetNodeAdminRequest, opts ...grpc.CallOption) (*SetNodeAdminResponse, error)
+	GetClusterMap(ctx context.Context, in *GetClusterMapRequest, opts ...grpc.CallOption) (*ClusterMap, error)
+	// Reconfigure changes one shard group's Raft membership: served by the
+	// group's leader (QUERY by any replica). The metadata leader's scheduler
+	// calls it to carry out moves; see docs/ARCHITECTURE.md.
+	Reconfigure(ctx context.Context, in *ReconfigureRequest, opts ...grpc.CallOption) (*ReconfigureResponse, error)
 }
 
 type parameterServerClient struct {
@@ -191,6 +207,46 @@ func (c *parameterServerClient) DeleteJob(ctx context.Context, in *DeleteJobRequ
 	return out, nil
 }
 
+func (c *parameterServerClient) JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinClusterResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_JoinCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) SetNodeAdmin(ctx context.Context, in *SetNodeAdminRequest, opts ...grpc.CallOption) (*SetNodeAdminResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNodeAdminResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_SetNodeAdmin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) GetClusterMap(ctx context.Context, in *GetClusterMapRequest, opts ...grpc.CallOption) (*ClusterMap, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterMap)
+	err := c.cc.Invoke(ctx, ParameterServer_GetClusterMap_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) Reconfigure(ctx context.Context, in *ReconfigureRequest, opts ...grpc.CallOption) (*ReconfigureResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconfigureResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_Reconfigure_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -226,6 +282,18 @@ type ParameterServerServer interface {
 	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)
 	// DeleteJob removes the job. NOT_FOUND if there is no such job.
 	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
+	// The elastic cluster. JoinCluster registers a node in the cluster map
+	// and makes it a member (non-voter at first) of the metadata group;
+	// SetNodeAdmin drains, removes or reactivates a node; GetClusterMap returns
+	// the map as the metadata leader has it. A metadata follower forwards these
+	// calls to the metadata leader.
+	JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error)
+	SetNodeAdmin(context.Context, *SetNodeAdminRequest) (*SetNodeAdminResponse, error)
+	GetClusterMap(context.Context, *GetClusterMapRequest) (*ClusterMap, error)
+	// Reconfigure changes one shard group's Raft membership: served by the
+	// group's leader (QUERY by any replica). The metadata leader's scheduler
+	// calls it to carry out moves; see docs/ARCHITECTURE.md.
+	Reconfigure(context.Context, *ReconfigureRequest) (*ReconfigureResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -268,6 +336,18 @@ func (UnimplementedParameterServerServer) GetJob(context.Context, *GetJobRequest
 }
 func (UnimplementedParameterServerServer) DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteJob not implemented")
+}
+func (UnimplementedParameterServerServer) JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinCluster not implemented")
+}
+func (UnimplementedParameterServerServer) SetNodeAdmin(context.Context, *SetNodeAdminRequest) (*SetNodeAdminResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNodeAdmin not implemented")
+}
+func (UnimplementedParameterServerServer) GetClusterMap(context.Context, *GetClusterMapRequest) (*ClusterMap, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetClusterMap not implemented")
+}
+func (UnimplementedParameterServerServer) Reconfigure(context.Context, *ReconfigureRequest) (*ReconfigureResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reconfigure not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -488,6 +568,78 @@ func _ParameterServer_DeleteJob_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_JoinCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).JoinCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_JoinCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).JoinCluster(ctx, req.(*JoinClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_SetNodeAdmin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNodeAdminRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).SetNodeAdmin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_SetNodeAdmin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).SetNodeAdmin(ctx, req.(*SetNodeAdminRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_GetClusterMap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetClusterMapRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).GetClusterMap(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_GetClusterMap_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).GetClusterMap(ctx, req.(*GetClusterMapRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_Reconfigure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconfigureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).Reconfigure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_Reconfigure_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).Reconfigure(ctx, req.(*ReconfigureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -538,6 +690,22 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteJob",
 			Handler:    _ParameterServer_DeleteJob_Handler,
+		},
+		{
+			MethodName: "JoinCluster",
+			Handler:    _ParameterServer_JoinCluster_Handler,
+		},
+		{
+			MethodName: "SetNodeAdmin",
+			Handler:    _ParameterServer_SetNodeAdmin_Handler,
+		},
+		{
+			MethodName: "GetClusterMap",
+			Handler:    _ParameterServer_GetClusterMap_Handler,
+		},
+		{
+			MethodName: "Reconfigure",
+			Handler:    _ParameterServer_Reconfigure_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,188 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+)
+
+// The cluster administration calls: joining, draining and removing nodes,
+// reading the map, and a new table's first placement. All of them run on the
+// metadata leader (a follower forwards them: onMetaLeader).
+
+func (s *service) JoinCluster(ctx context.Context, req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
+	if req.Node.GetId() == "" || req.Node.GetAddr() == "" {
+		return nil, toStatus(fmt.Errorf("%w: joining needs the node's ID and address", ErrBadRequest))
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinClusterResponse, error) {
+		return s.n.joinCluster(req)
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.JoinClusterResponse, error) {
+		return ps.JoinCluster(ctx, req)
+	})
+}
+
+// joinCluster registers the node in the map and makes it a member of the
+// metadata group (a non-voter; the scheduler promotes voters), so it
+// receives the map. This node must be the metadata leader.
+func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
+	nd := req.Node
+	if _, err := n.applyMeta(metaRegisterNode, nd, fmt.Sprintf("registering node %s", nd.Id)); err != nil {
+		return nil, err
+	}
+	r := n.meta.Raft
+	f := r.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("registering node %s: %w: %v", nd.Id, ErrUnavailable, err)
+	}
+	in := false
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == nd.Id {
+			in = string(srv.Address) == nd.Addr
+		}
+	}
+	if !in {
+		if err := r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.Addr), 0, configChangeTimeout).Error(); err != nil {
+			return nil, fmt.Errorf("registering node %s: %w: adding it to the metadata group: %v", nd.Id, ErrUnavailable, err)
+		}
+		n.log.Info("node joined the cluster", "node", nd.Id, "addr", nd.Addr)
+	}
+	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.version()}, nil
+}
+
+func (s *service) SetNodeAdmin(ctx context.Context, req *shardpb.SetNodeAdminRequest) (*shardpb.SetNodeAdminResponse, error) {
+	if req.Id == "" {
+		return nil, toStatus(fmt.Errorf("%w: no node ID", ErrBadRequest))
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.SetNodeAdminResponse, error) {
+		return &shardpb.SetNodeAdminResponse{}, s.n.setNodeAdmin(req)
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.SetNodeAdminResponse, error) {
+		return ps.SetNodeAdmin(ctx, req)
+	})
+}
+
+// setNodeAdmin drains, removes or reactivates a node, refusing what would
+// leave tables without room for their replicas, or remove a live node.
+func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
+	if err := n.metaAuthoritative(); err != nil {
+		return fmt.Errorf("node %s: %w: %v", req.Id, ErrUnavailable, err)
+	}
+	cm := n.metaFSM.clusterMap()
+	target := n.metaFSM.node(req.Id)
+	if target == nil {
+		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+	}
+	if target.Admin == req.Admin {
+		return nil
+	}
+	members := map[string]MemberInfo{}
+	for _, m := range n.Members() {
+		members[m.ID] = m
+	}
+	if req.Admin == shardpb.NodeAdmin_NODE_REMOVED {
+		if st := members[req.Id].State; st == StateAlive || st == StateSuspect {
+			return fmt.Errorf("%w: node %s is %s: drain it (raftps node drain %s), stop it, then remove it", ErrNodeConflict, req.Id, st, req.Id)
+		}
+	}
+	if req.Admin != shardpb.NodeAdmin_NODE_ACTIVE {
+		active := 0
+		for _, nd := range cm.Nodes {
+			if nd.Id != req.Id && nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE {
+				active++
+			}
+		}
+		for _, t := range cm.Tables {
+			if int(t.Replicas) > active {
+				return fmt.Errorf("%w: taking node %s away would leave %d active nodes for table %q's %d replicas; add a node first", ErrNodeConflict, req.Id, active, t.Name, t.Replicas)
+			}
+		}
+	}
+	_, err := n.applyMeta(metaSetNodeAdmin, req, fmt.Sprintf("making node %s %s", req.Id, adminName(req.Admin)))
+	if err == nil {
+		n.log.Info("node admin state changed", "node", req.Id, "admin", adminName(req.Admin))
+	}
+	return err
+}
+
+func (s *service) GetClusterMap(ctx context.Context, _ *shardpb.GetClusterMapRequest) (*shardpb.ClusterMap, error) {
+	return onMetaLeader(ctx, s.n, func() (*shardpb.ClusterMap, error) {
+		if err := s.n.metaAuthoritative(); err != nil {
+			return nil, fmt.Errorf("cluster map: %w: node %s %v", ErrUnavailable, s.n.cfg.ID, err)
+		}
+		return s.n.metaFSM.clusterMap(), nil
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.ClusterMap, error) {
+		return ps.GetClusterMap(ctx, &shardpb.GetClusterMapRequest{})
+	})
+}
+
+// initialPlacement places a new table's shards on the live active nodes,
+// balanced with the tables already placed.
+func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTable, error) {
+	cm := n.metaFSM.clusterMap()
+	members := map[string]string{}
+	for _, m := range n.Members() {
+		members[m.ID] = m.State
+	}
+	var nodes []string
+	for _, nd := range cm.Nodes {
+		// Not dead: a node registered a moment ago may not be in this
+		// node's gossip view yet.
+		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && members[nd.Id] != StateDead {
+			nodes = append(nodes, nd.Id)
+		}
+	}
+	if int(spec.Replicas) > len(nodes) {
+		return nil, fmt.Errorf("%w: table %q: replicas = %d, but the cluster has %d live active nodes %v", store.ErrInvalidConfig, spec.Name, spec.Replicas, len(nodes), nodes)
+	}
+	current := Placement{}
+	tables := []PlacementTable{{Name: spec.Name, Shards: int(spec.Shards), Replicas: int(spec.Replicas)}}
+	for _, t := range cm.Tables {
+		if t.Name == spec.Name {
+			return nil, fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
+		}
+		tables = append(tables, PlacementTable{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
+		current[t.Name] = make([][]string, t.Shards)
+	}
+	for _, sm := range cm.Shards {
+		if c := current[sm.Table]; c != nil && int(sm.Shard) < len(c) {
+			c[sm.Shard] = slices.Clone(sm.Replicas)
+		}
+	}
+	res, err := Place(nodes, tables, current)
+	if err != nil {
+		return nil, err
+	}
+	cmd := &shardpb.MetaCreateTable{Spec: spec}
+	for s, reps := range res.Placement[spec.Name] {
+		cmd.Shards = append(cmd.Shards, &shardpb.ShardMap{Table: spec.Name, Shard: uint32(s), Replicas: reps, Epoch: 1})
+	}
+	return cmd, nil
+}
+
+// waitPeersRegistered waits, for a while, until every static peer is in the
+// map: a table created just after a static cluster started is placed on
+// all of it, not on the nodes that happened to register first.
+func (n *Node) waitPeersRegistered(ctx context.Context) {
+	var ids []string
+	for _, p := range n.cfg.Peers {
+		ids = append(ids, p.ID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = n.waitRegistered(ctx, ids)
+}
+
+func (n *Node) waitRegistered(ctx context.Context, ids []string) error {
+	return pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
+		for _, id := range ids {
+			if n.metaFSM.node(id) == nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}

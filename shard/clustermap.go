@@ -1,0 +1,242 @@
+package shard
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+	"google.golang.org/protobuf/proto"
+)
+
+// The cluster map is part of the metadata FSM: the nodes (ID, addresses,
+// admin state) and, for every shard, its replica set, the node being added
+// to it, and an epoch. It changes only through metadata commands, applied in
+// log order on every metadata replica, so every node that has applied index
+// i has the same map. The scheduler (scheduler.go) decides the changes; the
+// shard groups carry them out (reconfigure.go).
+//
+// Epoch rules: a shard's entry starts at epoch 1 when its table is created
+// and every change (replica set, order, node being added) adds 1, through
+// metaSetShard's compare-and-set on the epoch, so two schedulers (an old
+// metadata leader that has not noticed it lost leadership, and the new one)
+// can never both apply a change decided from the same state. Epoch 1 also
+// means "as created": only then may a replica bootstrap the group.
+
+func shardMapKey(sm *shardpb.ShardMap) string { return groupID(sm.Table, sm.Shard) }
+
+func adminName(a shardpb.NodeAdmin) string {
+	switch a {
+	case shardpb.NodeAdmin_NODE_DRAINING:
+		return "draining"
+	case shardpb.NodeAdmin_NODE_REMOVED:
+		return "removed"
+	}
+	return "active"
+}
+
+func (m *metaFSM) changed() {
+	m.mapVersion++
+}
+
+func (m *metaFSM) applyCreateV2(arg []byte) any {
+	c := &shardpb.MetaCreateTable{}
+	if err := proto.Unmarshal(arg, c); err != nil {
+		return fmt.Errorf("meta: decoding table creation: %w", err)
+	}
+	spec := c.Spec
+	if spec == nil || uint32(len(c.Shards)) != spec.GetShards() {
+		return fmt.Errorf("meta: %w: table creation with %d shard entries for %d shards", ErrBadRequest, len(c.Shards), spec.GetShards())
+	}
+	m.mu.Lock()
+	if _, ok := m.tables[spec.Name]; ok {
+		m.mu.Unlock()
+		return fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
+	}
+	m.tables[spec.Name] = spec
+	for _, sm := range c.Shards {
+		sm.Table, sm.Epoch = spec.Name, 1
+		m.shards[shardMapKey(sm)] = sm
+	}
+	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return spec
+}
+
+func (m *metaFSM) applyRegister(arg []byte) any {
+	nd := &shardpb.ClusterNode{}
+	if err := proto.Unmarshal(arg, nd); err != nil {
+		return fmt.Errorf("meta: decoding node: %w", err)
+	}
+	if nd.Id == "" || nd.Addr == "" {
+		return fmt.Errorf("%w: node registration needs an ID and an address", ErrBadRequest)
+	}
+	m.mu.Lock()
+	for _, o := range m.nodes {
+		if o.Id != nd.Id && o.Addr == nd.Addr {
+			m.mu.Unlock()
+			return fmt.Errorf("%w: node %s registers at %s, the address of node %s", ErrNodeConflict, nd.Id, nd.Addr, o.Id)
+		}
+	}
+	old := m.nodes[nd.Id]
+	switch {
+	case old != nil && old.Admin == shardpb.NodeAdmin_NODE_REMOVED:
+		m.mu.Unlock()
+		return fmt.Errorf("%w: node %s was removed from the cluster; start it with a new ID and an empty data directory", ErrNodeConflict, nd.Id)
+	case old != nil && old.Addr == nd.Addr && old.GossipAddr == nd.GossipAddr:
+		m.mu.Unlock()
+		return old // already registered: no change
+	}
+	n := &shardpb.ClusterNode{Id: nd.Id, Addr: nd.Addr, GossipAddr: nd.GossipAddr}
+	if old != nil {
+		n.Admin = old.Admin
+	}
+	m.nodes[nd.Id] = n
+	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return n
+}
+
+func (m *metaFSM) applySetAdmin(arg []byte) any {
+	req := &shardpb.SetNodeAdminRequest{}
+	if err := proto.Unmarshal(arg, req); err != nil {
+		return fmt.Errorf("meta: decoding node admin change: %w", err)
+	}
+	m.mu.Lock()
+	old := m.nodes[req.Id]
+	if old == nil {
+		m.mu.Unlock()
+		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+	}
+	if old.Admin == shardpb.NodeAdmin_NODE_REMOVED && req.Admin != shardpb.NodeAdmin_NODE_REMOVED {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", ErrNodeConflict, req.Id, adminName(req.Admin))
+	}
+	n := proto.Clone(old).(*shardpb.ClusterNode)
+	n.Admin = req.Admin
+	m.nodes[req.Id] = n
+	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return n
+}
+
+// applyForget deletes a removed node that holds no replica.
+func (m *metaFSM) applyForget(arg []byte) any {
+	req := &shardpb.SetNodeAdminRequest{}
+	if err := proto.Unmarshal(arg, req); err != nil {
+		return fmt.Errorf("meta: decoding node deletion: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.nodes[req.Id]
+	if old == nil {
+		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+	}
+	if old.Admin != shardpb.NodeAdmin_NODE_REMOVED {
+		return fmt.Errorf("%w: node %s is %s, not removed", ErrBadRequest, req.Id, adminName(old.Admin))
+	}
+	for _, sm := range m.shards {
+		if slices.Contains(sm.Replicas, req.Id) || sm.Adding == req.Id {
+			return fmt.Errorf("%w: node %s still holds a replica of %s", ErrBadRequest, req.Id, shardMapKey(sm))
+		}
+	}
+	delete(m.nodes, req.Id)
+	m.changed()
+	return nil
+}
+
+func (m *metaFSM) applySetShard(arg []byte) any {
+	req := &shardpb.MetaSetShard{}
+	if err := proto.Unmarshal(arg, req); err != nil {
+		return fmt.Errorf("meta: decoding shard change: %w", err)
+	}
+	key := groupID(req.Table, req.Shard)
+	m.mu.Lock()
+	old := m.shards[key]
+	switch {
+	case old == nil:
+		m.mu.Unlock()
+		return fmt.Errorf("%w: shard %s is not in the cluster map", ErrUnknownShard, key)
+	case old.Epoch != req.ExpectEpoch:
+		m.mu.Unlock()
+		return fmt.Errorf("shard %s: %w: epoch %d, the change was decided at %d", key, ErrEpochChanged, old.Epoch, req.ExpectEpoch)
+	case len(req.Replicas) == 0:
+		m.mu.Unlock()
+		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", ErrBadRequest, key)
+	}
+	for _, id := range append(slices.Clone(req.Replicas), req.Adding) {
+		if id != "" && m.nodes[id] == nil {
+			m.mu.Unlock()
+			return fmt.Errorf("shard %s: node %q: %w", key, id, ErrUnknownNode)
+		}
+	}
+	sm := &shardpb.ShardMap{Table: req.Table, Shard: req.Shard, Replicas: req.Replicas, Adding: req.Adding, Epoch: old.Epoch + 1}
+	m.shards[key] = sm
+	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return sm
+}
+
+// shardMap returns a shard's entry (not to be modified) or nil.
+func (m *metaFSM) shardMap(table string, shard uint32) *shardpb.ShardMap {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.shards[groupID(table, shard)]
+}
+
+// node returns a node's entry (not to be modified) or nil.
+func (m *metaFSM) node(id string) *shardpb.ClusterNode {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.nodes[id]
+}
+
+// clusterMap returns the whole map, consistent (one lock), sorted.
+func (m *metaFSM) clusterMap() *shardpb.ClusterMap {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return &shardpb.ClusterMap{
+		Version: m.mapVersion,
+		Nodes:   sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
+		Shards:  sortedByName(m.shards, shardMapKey),
+		Tables:  sortedByName(m.tables, (*shardpb.TableSpec).GetName),
+	}
+}
+
+// version returns the map version.
+func (m *metaFSM) version() uint64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.mapVersion
+}
+
+// tableShards returns the table's shard entries in shard order (nil entries
+// for shards the map lacks) and the nodes they name.
+func (m *metaFSM) tableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*shardpb.ClusterNode) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]*shardpb.ShardMap, spec.Shards)
+	named := map[string]*shardpb.ClusterNode{}
+	for s := range spec.Shards {
+		sm := m.shards[groupID(spec.Name, s)]
+		out[s] = sm
+		if sm == nil {
+			continue
+		}
+		for _, id := range append(slices.Clone(sm.Replicas), sm.Adding) {
+			if nd := m.nodes[id]; nd != nil {
+				named[id] = nd
+			}
+		}
+	}
+	return out, sortedByName(named, (*shardpb.ClusterNode).GetId)
+}
+
+// isReplica reports whether node id is one of the shard's voters in sm.
+func isReplica(sm *shardpb.ShardMap, id string) bool {
+	return sm != nil && slices.Contains(sm.Replicas, id)
+}

@@ -1,0 +1,287 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// What every node does with the cluster map, whoever leads the metadata
+// group (reconcileLoop, on every map change and every second):
+//
+//   - registers itself (JoinCluster) until the map has it at its address;
+//   - opens a replica of every shard the map places on it (as a voter, or
+//     as the node being added), bootstrapping the group only if the entry
+//     is as created (epoch 1);
+//   - closes the replicas the map no longer places on it, and deletes their
+//     data once the group's leader confirms the node is out of the group;
+//   - for every group it leads whose preferred leader (the first replica)
+//     is another live voter, hands leadership over, at most once per group
+//     per leaderTransferEvery, so leaders follow the placement's balance;
+//   - gossips its map version and leader count.
+
+const (
+	reconcileInterval = time.Second
+	// leaderTransferEvery bounds how often a group's leadership is moved to
+	// its preferred leader, and preferredAliveFor how long that node must
+	// have been alive first: a node that restarts gets its leaderships back
+	// only once it has stayed up a while.
+	leaderTransferEvery = 10 * time.Second
+	preferredAliveFor   = 3 * time.Second
+)
+
+func (n *Node) reconcileLoop() {
+	retry := time.NewTicker(reconcileInterval)
+	defer retry.Stop()
+	n.findRetired()
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-n.kick:
+		case <-retry.C:
+		}
+		cm := n.metaFSM.clusterMap()
+		n.register(cm)
+		known := map[string]string{}
+		for _, nd := range cm.Nodes {
+			known[nd.Id] = nd.GossipAddr
+		}
+		n.members.setKnown(known)
+		n.reconcileGroups(cm)
+		n.balanceLeaders(cm)
+		n.gcRetired(cm)
+		leaders := uint32(0)
+		n.mu.RLock()
+		for _, g := range n.groups {
+			if g.IsLeader() {
+				leaders++
+			}
+		}
+		n.mu.RUnlock()
+		n.members.setLocal(cm.Version, leaders)
+	}
+}
+
+// register asks the metadata leader to put this node in the map, unless the
+// map has it at its current addresses already.
+func (n *Node) register(cm *shardpb.ClusterMap) {
+	for _, nd := range cm.Nodes {
+		if nd.Id == n.cfg.ID && nd.Addr == n.cfg.Addr && nd.GossipAddr == n.gossipAddr {
+			return
+		}
+	}
+	req := &shardpb.JoinClusterRequest{Node: &shardpb.ClusterNode{Id: n.cfg.ID, Addr: n.cfg.Addr, GossipAddr: n.gossipAddr}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if n.meta.Raft.State() == raft.Leader {
+		if _, err := n.joinCluster(req); err != nil {
+			n.log.Warn("registering in the cluster map", "error", err)
+		}
+		return
+	}
+	addrs := slices.Clone(n.cfg.Join)
+	if a, _ := n.meta.Raft.LeaderWithID(); a != "" {
+		addrs = append([]string{string(a)}, addrs...)
+	}
+	for _, p := range n.cfg.Peers {
+		if p.ID != n.cfg.ID {
+			addrs = append(addrs, p.Addr)
+		}
+	}
+	var last error
+	for _, a := range addrs {
+		ps, err := n.peerStub(a)
+		if err != nil {
+			last = err
+			continue
+		}
+		if _, err := ps.JoinCluster(ctx, req); err != nil {
+			last = fromStatus(err)
+			continue
+		}
+		n.log.Info("registered in the cluster map", "via", a)
+		return
+	}
+	if last != nil {
+		n.log.Debug("registering in the cluster map; retrying", "error", last)
+	}
+}
+
+// reconcileGroups opens and closes this node's replicas to match the map.
+func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
+	specs := map[string]*shardpb.TableSpec{}
+	for _, t := range cm.Tables {
+		specs[t.Name] = t
+	}
+	addrOf := map[string]string{}
+	for _, nd := range cm.Nodes {
+		addrOf[nd.Id] = nd.Addr
+	}
+	inMap := map[string]bool{}
+	for _, sm := range cm.Shards {
+		id := shardMapKey(sm)
+		member := isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID
+		inMap[id] = member
+		open := n.Group(sm.Table, sm.Shard) != nil
+		switch {
+		case member && !open:
+			spec := specs[sm.Table]
+			if spec == nil {
+				continue
+			}
+			cfg, err := tableConfig(spec)
+			if err != nil {
+				n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
+				continue
+			}
+			var peers []raft.Server
+			if sm.Epoch == 1 && sm.Adding == "" {
+				for _, r := range sm.Replicas {
+					peers = append(peers, raft.Server{ID: raft.ServerID(r), Address: raft.ServerAddress(addrOf[r])})
+				}
+			}
+			delete(n.retired, id)
+			if err := n.openGroup(id, cfg, peers); err != nil {
+				n.log.Error("opening shard replica", "group", id, "error", err)
+			} else {
+				n.log.Info("shard replica opened", "group", id, "epoch", sm.Epoch, "bootstrap", len(peers) > 0)
+			}
+		case !member && open:
+			if err := n.closeGroup(id); err != nil {
+				n.log.Warn("closing a shard replica moved away", "group", id, "error", err)
+			}
+			n.log.Info("shard replica closed: the map moved it away", "group", id, "epoch", sm.Epoch)
+			n.retired[id] = true
+		}
+	}
+}
+
+// findRetired marks the groups on disk that this node's map (as restored
+// at start) does not place here: gcRetired deletes them once their leader
+// confirms.
+func (n *Node) findRetired() {
+	tables, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "groups"))
+	if err != nil {
+		return
+	}
+	for _, t := range tables {
+		shards, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "groups", t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, s := range shards {
+			var sh uint32
+			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil {
+				continue
+			}
+			sm := n.metaFSM.shardMap(t.Name(), sh)
+			if sm != nil && !isReplica(sm, n.cfg.ID) && sm.Adding != n.cfg.ID {
+				n.retired[groupID(t.Name(), sh)] = true
+			}
+		}
+	}
+}
+
+// gcRetired deletes the data of retired groups whose leader confirms this
+// node is no member: only then can the data not be needed, since a member
+// that lost its log could vote a stale candidate in.
+func (n *Node) gcRetired(cm *shardpb.ClusterMap) {
+	for id := range n.retired {
+		var sm *shardpb.ShardMap
+		for _, x := range cm.Shards {
+			if shardMapKey(x) == id {
+				sm = x
+			}
+		}
+		if sm == nil || isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID || n.groupOpen(id) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_QUERY})
+		cancel()
+		if err != nil || resp.State != "leader" || slices.Contains(resp.Voters, n.cfg.ID) || slices.Contains(resp.Nonvoters, n.cfg.ID) {
+			continue
+		}
+		if err := os.RemoveAll(n.groupDir(id)); err != nil {
+			n.log.Warn("deleting a moved-away replica", "group", id, "error", err)
+			continue
+		}
+		delete(n.retired, id)
+		n.log.Info("moved-away replica deleted", "group", id)
+	}
+}
+
+func (n *Node) groupOpen(id string) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.groups[id] != nil
+}
+
+// balanceLeaders hands the leadership of groups this node leads to their
+// preferred leader when that is another live voter.
+func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
+	alive := map[string]MemberInfo{}
+	for _, m := range n.Members() {
+		alive[m.ID] = m
+	}
+	addrOf := map[string]string{}
+	for _, nd := range cm.Nodes {
+		addrOf[nd.Id] = nd.Addr
+	}
+	now := time.Now()
+	for _, sm := range cm.Shards {
+		if len(sm.Replicas) == 0 || sm.Replicas[0] == n.cfg.ID || sm.Adding != "" {
+			continue
+		}
+		g := n.Group(sm.Table, sm.Shard)
+		if g == nil || !g.IsLeader() || !isReplica(sm, n.cfg.ID) {
+			continue
+		}
+		id := shardMapKey(sm)
+		pref := sm.Replicas[0]
+		m, ok := alive[pref]
+		if !ok || m.State != StateAlive || now.Sub(m.Since) < preferredAliveFor || now.Sub(n.lastTransfer[id]) < leaderTransferEvery {
+			continue
+		}
+		if suf, in, err := suffrageOf(g.Raft(), pref); err != nil || !in || suf != raft.Voter {
+			continue
+		}
+		n.lastTransfer[id] = now
+		r, addr := g.Raft(), addrOf[pref]
+		n.wg.Go(func() {
+			if err := r.LeadershipTransferToServer(raft.ServerID(pref), raft.ServerAddress(addr)).Error(); err != nil {
+				n.log.Debug("leadership transfer to the preferred leader", "group", id, "to", pref, "error", err)
+				return
+			}
+			n.log.Info("leadership handed to the preferred leader", "group", id, "to", pref)
+		})
+	}
+}
+
+// waitTableReady waits until every shard of the table has a leader, asking
+// each shard's replicas.
+func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) error {
+	for s := range spec.Shards {
+		sm := n.metaFSM.shardMap(spec.Name, s)
+		if sm == nil {
+			return fmt.Errorf("table %q: %w: shard %d has no map entry", spec.Name, ErrUnavailable, s)
+		}
+		err := pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			resp, err := n.callShardLeader(qctx, sm, &shardpb.ReconfigureRequest{Table: spec.Name, Shard: s, Op: shardpb.ReconfigureOp_RECONFIGURE_QUERY})
+			return err == nil && resp.LeaderAddr != "", nil
+		})
+		if err != nil {
+			return fmt.Errorf("table %q: %w: shard %d has no leader: %w", spec.Name, ErrUnavailable, s, err)
+		}
+	}
+	return nil
+}

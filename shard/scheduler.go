@@ -1,0 +1,547 @@
+package shard
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// The scheduler runs on the metadata leader only. Every round it reads the
+// cluster map and the gossip view, computes the target placement (Place over
+// the nodes that may hold replicas), and moves each shard one step towards
+// it:
+//
+//	settled ──(target has a node the set lacks)──▶ adding: map records it
+//	adding ──(leader: non-voter, catch up, voter)──▶ map: replicas + node
+//	more replicas than wanted ──(leader: remove one)──▶ map: replicas − node
+//	same set, other order ──▶ map: new order (the new first one takes over
+//	                          leadership: see Node.balanceLeaders)
+//
+// Every step is idempotent and records its outcome in the map with a
+// compare-and-set on the shard's epoch, so a new metadata leader resumes any
+// step the old one left half done: it finds the map as the old leader left it
+// and repeats the step, whose Raft half is a no-op if it was done. A replica
+// is removed only after its replacement is a voter: the group never has
+// fewer voters than the table's replication factor, and a majority of them
+// stays reachable whenever it was before.
+//
+// A node is failed when it is removed, or gossip has shown it dead for the
+// repair grace period. A failed node holds no place in the target; a node
+// dead for less keeps its replicas (a restart is cheaper than a repair) but
+// receives no new one.
+
+// Scheduler defaults.
+const (
+	DefaultRepairGrace = 30 * time.Second
+	DefaultMaxMoves    = 4
+	schedulerInterval  = 500 * time.Millisecond
+	// moveTimeout bounds one step of one shard (a catch-up by snapshot of a
+	// large shard included); the next round retries it.
+	moveTimeout = 10 * time.Minute
+)
+
+// scheduler is the metadata leader's placement loop.
+//
+// Concurrency: run is one goroutine; the steps it starts run in their own
+// goroutines, tracked in inflight (guarded by mu) so a shard has at most one
+// step under way.
+type scheduler struct {
+	n *Node
+
+	mu       sync.Mutex
+	inflight map[string]bool // by groupID
+}
+
+func (n *Node) schedulerLoop() {
+	sc := &scheduler{n: n, inflight: map[string]bool{}}
+	t := time.NewTicker(schedulerInterval)
+	defer t.Stop()
+	// term's context lives while this node leads the metadata group: the
+	// steps a round starts end when it stops leading.
+	var term struct {
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	stop := func() {
+		if term.cancel != nil {
+			term.cancel()
+			term.cancel = nil
+		}
+	}
+	defer stop()
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-t.C:
+		}
+		if n.meta.Raft.State() != raft.Leader {
+			stop()
+			continue
+		}
+		if term.cancel == nil {
+			term.ctx, term.cancel = context.WithCancel(context.Background())
+		}
+		sc.round(term.ctx)
+	}
+}
+
+// view is what one round knows of the nodes.
+type view struct {
+	nodes  map[string]*shardpb.ClusterNode
+	member map[string]MemberInfo
+	grace  time.Duration
+	now    time.Time
+}
+
+func (v *view) alive(id string) bool {
+	m, ok := v.member[id]
+	return ok && m.State == StateAlive
+}
+
+// failed: removed, unknown, or dead (not merely suspect) for the grace period.
+func (v *view) failed(id string) bool {
+	nd := v.nodes[id]
+	if nd == nil || nd.Admin == shardpb.NodeAdmin_NODE_REMOVED {
+		return true
+	}
+	m, ok := v.member[id]
+	if !ok {
+		return false // not heard of yet: give it time
+	}
+	return m.State == StateDead && v.now.Sub(m.Since) >= v.grace
+}
+
+// placeable: may hold replicas in the target.
+func (v *view) placeable(id string) bool {
+	nd := v.nodes[id]
+	return nd != nil && nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && !v.failed(id)
+}
+
+func (sc *scheduler) round(ctx context.Context) {
+	n := sc.n
+	cm := n.metaFSM.clusterMap()
+	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: map[string]MemberInfo{}, grace: n.cfg.RepairGrace, now: time.Now()}
+	for _, nd := range cm.Nodes {
+		v.nodes[nd.Id] = nd
+	}
+	for _, m := range n.Members() {
+		v.member[m.ID] = m
+	}
+	sc.metaVoters(v)
+	sc.forgetRemoved(cm, v)
+
+	var nodes []string
+	for _, nd := range cm.Nodes {
+		if v.placeable(nd.Id) {
+			nodes = append(nodes, nd.Id)
+		}
+	}
+	if len(nodes) == 0 || len(cm.Tables) == 0 {
+		return
+	}
+	current := Placement{}
+	var tables []PlacementTable
+	for _, t := range cm.Tables {
+		tables = append(tables, PlacementTable{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
+		current[t.Name] = make([][]string, t.Shards)
+	}
+	for _, sm := range cm.Shards {
+		if c := current[sm.Table]; c != nil && int(sm.Shard) < len(c) {
+			set := slices.Clone(sm.Replicas)
+			if sm.Adding != "" {
+				set = append(set, sm.Adding)
+			}
+			c[sm.Shard] = set
+		}
+	}
+	res, err := Place(nodes, tables, current)
+	if err != nil {
+		n.log.Error("placement", "error", err)
+		return
+	}
+	// Repairs first: shards with a failed replica, then the rest, each in
+	// map order.
+	shards := slices.Clone(cm.Shards)
+	hurt := func(sm *shardpb.ShardMap) int {
+		for _, id := range sm.Replicas {
+			if v.failed(id) {
+				return 0
+			}
+		}
+		return 1
+	}
+	slices.SortStableFunc(shards, func(a, b *shardpb.ShardMap) int { return cmp.Compare(hurt(a), hurt(b)) })
+
+	sc.mu.Lock()
+	adding := 0
+	for _, sm := range cm.Shards {
+		if sm.Adding != "" || sc.inflight[shardMapKey(sm)] {
+			adding++
+		}
+	}
+	sc.mu.Unlock()
+	reorders := 0
+	for _, sm := range shards {
+		key := shardMapKey(sm)
+		tp := res.Placement[sm.Table]
+		if tp == nil || int(sm.Shard) >= len(tp) {
+			continue
+		}
+		target := tp[sm.Shard]
+		sc.mu.Lock()
+		busy := sc.inflight[key]
+		sc.mu.Unlock()
+		if busy {
+			continue
+		}
+		switch {
+		case sm.Adding != "":
+			if v.failed(sm.Adding) || !slices.Contains(target, sm.Adding) {
+				sc.start(ctx, key, func(ctx context.Context) error { return sc.abortAdd(ctx, sm, cm) })
+			} else {
+				sc.start(ctx, key, func(ctx context.Context) error { return sc.finishAdd(ctx, sm, cm) })
+			}
+		case len(sm.Replicas) > len(target) || hasFailedExtra(sm, target, v):
+			rm := sc.pickRemoval(sm, target, v)
+			if rm == "" {
+				continue
+			}
+			sc.start(ctx, key, func(ctx context.Context) error { return sc.remove(ctx, sm, cm, rm) })
+		default:
+			add := ""
+			for _, id := range target {
+				if !slices.Contains(sm.Replicas, id) {
+					add = id
+					break
+				}
+			}
+			if add != "" {
+				if adding >= n.cfg.MaxMoves || !v.alive(add) {
+					continue
+				}
+				adding++
+				sc.start(ctx, key, func(ctx context.Context) error { return sc.beginAdd(ctx, sm, cm, add) })
+				continue
+			}
+			if !slices.Equal(sm.Replicas, target) && reorders < n.cfg.MaxMoves {
+				reorders++
+				sc.start(ctx, key, func(ctx context.Context) error {
+					_, err := sc.setShard(sm, target, "")
+					return err
+				})
+			}
+		}
+	}
+}
+
+// hasFailedExtra: the set holds a failed node that the target no longer
+// has, and removing it leaves at least the target's number of replicas.
+func hasFailedExtra(sm *shardpb.ShardMap, target []string, v *view) bool {
+	if len(sm.Replicas) <= 1 {
+		return false
+	}
+	for _, id := range sm.Replicas {
+		if !slices.Contains(target, id) && v.failed(id) && len(sm.Replicas)-1 >= len(target) {
+			return true
+		}
+	}
+	return false
+}
+
+// pickRemoval chooses the replica to remove: one not in the target, failed
+// ones first, then ones not alive.
+func (sc *scheduler) pickRemoval(sm *shardpb.ShardMap, target []string, v *view) string {
+	best, bestRank := "", 3
+	for _, id := range sm.Replicas {
+		if slices.Contains(target, id) {
+			continue
+		}
+		rank := 2
+		switch {
+		case v.failed(id):
+			rank = 0
+		case !v.alive(id):
+			rank = 1
+		}
+		if rank < bestRank {
+			best, bestRank = id, rank
+		}
+	}
+	return best
+}
+
+// start runs one step of one shard in its own goroutine.
+func (sc *scheduler) start(ctx context.Context, key string, step func(ctx context.Context) error) {
+	sc.mu.Lock()
+	sc.inflight[key] = true
+	sc.mu.Unlock()
+	sc.n.wg.Go(func() {
+		defer func() {
+			sc.mu.Lock()
+			delete(sc.inflight, key)
+			sc.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(ctx, moveTimeout)
+		defer cancel()
+		if err := step(ctx); err != nil && ctx.Err() == nil {
+			lvl := sc.n.log.Warn
+			if errors.Is(err, ErrEpochChanged) {
+				lvl = sc.n.log.Debug
+			}
+			lvl("placement step failed; retrying next round", "group", key, "error", err)
+		}
+	})
+}
+
+// setShard commits a shard's new entry, if sm is still current.
+func (sc *scheduler) setShard(sm *shardpb.ShardMap, replicas []string, adding string) (*shardpb.ShardMap, error) {
+	out, err := sc.n.applyMeta(metaSetShard, &shardpb.MetaSetShard{
+		Table: sm.Table, Shard: sm.Shard, ExpectEpoch: sm.Epoch, Replicas: replicas, Adding: adding,
+	}, fmt.Sprintf("changing shard %s", shardMapKey(sm)))
+	if err != nil {
+		return nil, err
+	}
+	nsm, _ := out.(*shardpb.ShardMap)
+	sc.n.log.Info("shard map changed", "group", shardMapKey(sm), "epoch", nsm.GetEpoch(), "replicas", replicas, "adding", adding)
+	return nsm, nil
+}
+
+func (sc *scheduler) beginAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap, add string) error {
+	nsm, err := sc.setShard(sm, sm.Replicas, add)
+	if err != nil {
+		return err
+	}
+	return sc.finishAdd(ctx, nsm, cm)
+}
+
+func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap) error {
+	nd := sc.n.metaFSM.node(sm.Adding)
+	if nd == nil {
+		return fmt.Errorf("node %q: %w", sm.Adding, ErrUnknownNode)
+	}
+	start := time.Now()
+	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_ADD, NodeId: nd.Id, NodeAddr: nd.Addr,
+	}); err != nil {
+		return err
+	}
+	sc.n.log.Info("replica added", "group", shardMapKey(sm), "node", nd.Id, "took", time.Since(start))
+	_, err := sc.setShard(sm, append(slices.Clone(sm.Replicas), sm.Adding), "")
+	return err
+}
+
+func (sc *scheduler) abortAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap) error {
+	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: sm.Adding,
+	}); err != nil {
+		return err
+	}
+	_, err := sc.setShard(sm, sm.Replicas, "")
+	return err
+}
+
+func (sc *scheduler) remove(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap, rm string) error {
+	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: rm,
+	}); err != nil {
+		return err
+	}
+	rest := slices.DeleteFunc(slices.Clone(sm.Replicas), func(id string) bool { return id == rm })
+	_, err := sc.setShard(sm, rest, "")
+	return err
+}
+
+// callShardLeader sends req to the leader of sm's group, trying its
+// replicas in map order and following NotLeader hints, until it succeeds or
+// ctx ends. Errors other than "ask someone else" end it at once.
+func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
+	var addrs []string
+	for _, id := range sm.Replicas {
+		if nd := n.metaFSM.node(id); nd != nil {
+			addrs = append(addrs, nd.Addr)
+		}
+	}
+	backoff := 20 * time.Millisecond
+	var last error
+	for {
+		for _, addr := range addrs {
+			resp, err := n.callReconfigure(ctx, addr, req)
+			if err == nil {
+				return resp, nil
+			}
+			last = err
+			var re *RemoteError
+			if errors.As(err, &re) && re.LeaderAddr != "" {
+				if resp, err = n.callReconfigure(ctx, re.LeaderAddr, req); err == nil {
+					return resp, nil
+				}
+				last = err
+			}
+			if !retryable(err) && !errors.Is(err, ErrNotReplica) {
+				return nil, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("group %s: %s: %w (last error: %v)", shardMapKey(sm), req.Op, ctx.Err(), last)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
+	if addr == n.cfg.Addr {
+		resp, err := (&service{n: n}).Reconfigure(ctx, req)
+		if err != nil {
+			return nil, fromStatus(err)
+		}
+		return resp, nil
+	}
+	ps, err := n.peerStub(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	resp, err := ps.Reconfigure(ctx, req)
+	if err != nil {
+		err = fromStatus(err)
+		if !errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+			var re *RemoteError
+			if !errors.As(err, &re) {
+				err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+		}
+	}
+	return resp, err
+}
+
+// forgetRemoved deletes removed nodes that hold no replica any more.
+func (sc *scheduler) forgetRemoved(cm *shardpb.ClusterMap, v *view) {
+	for _, nd := range cm.Nodes {
+		if nd.Admin != shardpb.NodeAdmin_NODE_REMOVED {
+			continue
+		}
+		holds := false
+		for _, sm := range cm.Shards {
+			if slices.Contains(sm.Replicas, nd.Id) || sm.Adding == nd.Id {
+				holds = true
+				break
+			}
+		}
+		if holds {
+			continue
+		}
+		// Out of the metadata group first, then out of the map.
+		r := sc.n.meta.Raft
+		if err := r.RemoveServer(raft.ServerID(nd.Id), 0, configChangeTimeout).Error(); err != nil {
+			sc.n.log.Warn("removing a removed node from the metadata group", "node", nd.Id, "error", err)
+			continue
+		}
+		if _, err := sc.n.applyMeta(metaForgetNode, &shardpb.SetNodeAdminRequest{Id: nd.Id}, "forgetting node "+nd.Id); err != nil {
+			sc.n.log.Warn("forgetting a removed node", "node", nd.Id, "error", err)
+			continue
+		}
+		sc.n.log.Info("removed node forgotten", "node", nd.Id)
+	}
+}
+
+// metaVoters keeps the metadata group at 3 voters (5 from 5 eligible nodes
+// on), one configuration change per round: it promotes live active
+// non-voters, removes failed members, and demotes draining voters once
+// enough others vote.
+func (sc *scheduler) metaVoters(v *view) {
+	n := sc.n
+	r := n.meta.Raft
+	f := r.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	var voters, nonvoters []string
+	for _, srv := range f.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			voters = append(voters, string(srv.ID))
+		} else {
+			nonvoters = append(nonvoters, string(srv.ID))
+		}
+	}
+	eligible := func(id string) bool { return v.placeable(id) && v.alive(id) }
+	count := 0
+	for _, nd := range v.nodes {
+		if eligible(nd.Id) {
+			count++
+		}
+	}
+	desired := 5
+	switch {
+	case count < 3:
+		desired = max(1, len(voters)) // too few to choose: keep what there is
+	case count < 5:
+		desired = 3
+	}
+	good := 0
+	for _, id := range voters {
+		if eligible(id) {
+			good++
+		}
+	}
+	change := func(what, id string, fut raft.IndexFuture) {
+		if err := fut.Error(); err != nil {
+			n.log.Warn("metadata group change", "change", what, "node", id, "error", err)
+			return
+		}
+		n.log.Info("metadata group changed", "change", what, "node", id)
+	}
+	// Registered nodes the group lacks (a leader change between the
+	// registration and its AddNonvoter) join as non-voters.
+	for _, nd := range v.nodes {
+		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && v.alive(nd.Id) && !slices.Contains(voters, nd.Id) && !slices.Contains(nonvoters, nd.Id) {
+			change("add non-voter", nd.Id, r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.Addr), 0, configChangeTimeout))
+			return
+		}
+	}
+	if good < desired {
+		for _, id := range nonvoters {
+			if eligible(id) {
+				change("promote", id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(v.nodes[id].Addr), 0, configChangeTimeout))
+				return
+			}
+		}
+	}
+	for _, id := range append(slices.Clone(voters), nonvoters...) {
+		if id != n.cfg.ID && v.nodes[id] != nil && v.failed(id) {
+			change("remove failed", id, r.RemoveServer(raft.ServerID(id), 0, configChangeTimeout))
+			return
+		}
+	}
+	for _, id := range voters {
+		if good >= desired && v.nodes[id] != nil && v.nodes[id].Admin != shardpb.NodeAdmin_NODE_ACTIVE {
+			if id == n.cfg.ID {
+				change("hand over leadership (draining)", id, leadershipFuture{r.LeadershipTransfer()})
+				return
+			}
+			change("demote draining", id, r.DemoteVoter(raft.ServerID(id), 0, configChangeTimeout))
+			return
+		}
+	}
+	if len(voters) > desired && good > desired {
+		for _, id := range voters {
+			if id != n.cfg.ID && eligible(id) {
+				change("demote surplus", id, r.DemoteVoter(raft.ServerID(id), 0, configChangeTimeout))
+				return
+			}
+		}
+	}
+}
+
+// leadershipFuture adapts a Future to the IndexFuture change() takes.
+type leadershipFuture struct{ raft.Future }
+
+func (leadershipFuture) Index() uint64 { return 0 }

@@ -45,13 +45,27 @@ func (m *metaFSM) applyCreateV2(arg []byte) any {
 		return fmt.Errorf("meta: decoding table creation: %w", err)
 	}
 	spec := c.Spec
-	if spec == nil || uint32(len(c.Shards)) != spec.GetShards() {
+	if spec == nil || spec.Name == "" || spec.Shards == 0 || uint32(len(c.Shards)) != spec.Shards {
 		return fmt.Errorf("meta: %w: table creation with %d shard entries for %d shards", ErrBadRequest, len(c.Shards), spec.GetShards())
 	}
 	m.mu.Lock()
 	if _, ok := m.tables[spec.Name]; ok {
 		m.mu.Unlock()
 		return fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
+	}
+	// The leader builds the command, but it is checked here, on the state it
+	// applies to: a node may have been forgotten since it was decided.
+	seen := make([]bool, spec.Shards)
+	for _, sm := range c.Shards {
+		if sm.Shard >= spec.Shards || seen[sm.Shard] {
+			m.mu.Unlock()
+			return fmt.Errorf("meta: %w: table %q: shard entry %d repeated or out of range", ErrBadRequest, spec.Name, sm.Shard)
+		}
+		seen[sm.Shard] = true
+		if err := m.checkReplicasLocked(groupID(spec.Name, sm.Shard), sm.Replicas, ""); err != nil {
+			m.mu.Unlock()
+			return err
+		}
 	}
 	m.tables[spec.Name] = spec
 	for _, sm := range c.Shards {
@@ -114,6 +128,14 @@ func (m *metaFSM) applySetAdmin(arg []byte) any {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", ErrNodeConflict, req.Id, adminName(req.Admin))
 	}
+	if _, ok := shardpb.NodeAdmin_name[int32(req.Admin)]; !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: node %s: admin state %d", ErrBadRequest, req.Id, req.Admin)
+	}
+	if old.Admin == req.Admin {
+		m.mu.Unlock()
+		return old
+	}
 	n := proto.Clone(old).(*shardpb.ClusterNode)
 	n.Admin = req.Admin
 	m.nodes[req.Id] = n
@@ -130,21 +152,47 @@ func (m *metaFSM) applyForget(arg []byte) any {
 		return fmt.Errorf("meta: decoding node deletion: %w", err)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	old := m.nodes[req.Id]
 	if old == nil {
+		m.mu.Unlock()
 		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
 	}
 	if old.Admin != shardpb.NodeAdmin_NODE_REMOVED {
+		m.mu.Unlock()
 		return fmt.Errorf("%w: node %s is %s, not removed", ErrBadRequest, req.Id, adminName(old.Admin))
 	}
-	for _, sm := range m.shards {
+	// In key order, so every replica's refusal names the same shard.
+	for _, sm := range sortedByName(m.shards, shardMapKey) {
 		if slices.Contains(sm.Replicas, req.Id) || sm.Adding == req.Id {
+			m.mu.Unlock()
 			return fmt.Errorf("%w: node %s still holds a replica of %s", ErrBadRequest, req.Id, shardMapKey(sm))
 		}
 	}
 	delete(m.nodes, req.Id)
 	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return nil
+}
+
+// checkReplicasLocked checks a shard entry's node lists: some replica, no
+// node twice, every node known. m.mu must be held.
+func (m *metaFSM) checkReplicasLocked(key string, replicas []string, adding string) error {
+	if len(replicas) == 0 {
+		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", ErrBadRequest, key)
+	}
+	all := slices.Clone(replicas)
+	if adding != "" {
+		all = append(all, adding)
+	}
+	for i, id := range all {
+		if slices.Contains(all[:i], id) {
+			return fmt.Errorf("%w: shard %s: node %q listed twice in %v + adding %q", ErrBadRequest, key, id, replicas, adding)
+		}
+		if m.nodes[id] == nil {
+			return fmt.Errorf("shard %s: node %q: %w", key, id, ErrUnknownNode)
+		}
+	}
 	return nil
 }
 
@@ -163,15 +211,10 @@ func (m *metaFSM) applySetShard(arg []byte) any {
 	case old.Epoch != req.ExpectEpoch:
 		m.mu.Unlock()
 		return fmt.Errorf("shard %s: %w: epoch %d, the change was decided at %d", key, ErrEpochChanged, old.Epoch, req.ExpectEpoch)
-	case len(req.Replicas) == 0:
-		m.mu.Unlock()
-		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", ErrBadRequest, key)
 	}
-	for _, id := range append(slices.Clone(req.Replicas), req.Adding) {
-		if id != "" && m.nodes[id] == nil {
-			m.mu.Unlock()
-			return fmt.Errorf("shard %s: node %q: %w", key, id, ErrUnknownNode)
-		}
+	if err := m.checkReplicasLocked(key, req.Replicas, req.Adding); err != nil {
+		m.mu.Unlock()
+		return err
 	}
 	sm := &shardpb.ShardMap{Table: req.Table, Shard: req.Shard, Replicas: req.Replicas, Adding: req.Adding, Epoch: old.Epoch + 1}
 	m.shards[key] = sm

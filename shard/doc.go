@@ -7,24 +7,33 @@
 //     carries the client API (shardpb.ParameterServer), every Raft group's
 //     traffic (replication.Mux) and server reflection; it serves /healthz and
 //     /debug/pprof on an optional HTTP port.
-//   - The metadata group: a Raft group over the same nodes whose FSM (meta.go)
-//     holds the table specs and the trainer job registry. Every node opens a
-//     replica of every shard of every table it finds there (reconcileLoop).
-//     The cluster is static for now: --peers lists every node and every node
-//     holds every shard.
+//   - The metadata group: a Raft group over the same nodes (3 or 5 voters,
+//     the rest non-voters) whose FSM (meta.go) holds the table specs, the
+//     trainer job registry and the cluster map (clustermap.go): nodes with
+//     addresses and admin state, and per shard its replica set, the node
+//     being added and an epoch, changed by compare-and-set.
+//   - The scheduler (scheduler.go), on the metadata leader only: places
+//     tables with Place, repairs nodes dead longer than the repair grace,
+//     rebalances after joins and drains, one idempotent step per shard at a
+//     time, carried out by the shard's leader (reconfigure.go: a non-voter
+//     catches up before it votes; removal after replacement).
+//   - Every node's reconcile loop (reconcile.go): registers the node in the
+//     map, opens and closes replicas as the map says, deletes moved-away
+//     data once the group's leader confirms, and hands leadership to each
+//     shard's preferred leader.
 //   - Membership (membership.go): every node runs a hashicorp/memberlist on
 //     its gossip address and tracks each node's liveness (alive, suspect,
 //     dead) from its events; Status reports it with per-node replica and
-//     leader counts and the number of under-replicated shards. It informs
-//     only: placement does not act on it yet.
+//     leader counts and the number of under-replicated shards; the scheduler
+//     acts on it.
 //   - Placement (placement.go): Place, a pure and deterministic function from
 //     the live nodes, the tables' shard and replica counts and the current
 //     map to each shard's ordered replica set (first = preferred leader):
 //     rendezvous hashing, then a bounded-load correction so that no node
 //     holds more than ceil(S·R/N) replicas or ceil(S/N)+1 leaders, keeping
 //     every current replica that fits so a join or leave moves about 1/N of
-//     them. It is a building block of the elastic cluster and is not wired
-//     into the node yet: every node still holds every shard.
+//     them, and raising a node below floor(S·R/N) replicas or floor(S/N)
+//     leaders (one that just joined) to its share.
 //   - The job registry (jobs.go): the rendezvous of a training job's
 //     trainers. Each registers its collective address with JoinJob and
 //     waits (Client.WaitJob) until all world ranks of its round are there; a
@@ -38,7 +47,9 @@
 //     follower cannot serve is refused with FailedPrecondition and a NotLeader
 //     detail naming the leader; job registry calls are forwarded to the
 //     metadata leader instead (onMetaLeader), one hop at most.
-//   - Client: dials any node, learns table specs and shard leaders, splits a
+//   - Client: dials any node, learns table specs, each shard's replicas and
+//     epoch (refreshed when a node says the client's map is stale) and shard
+//     leaders, splits a
 //     batch by shard (ShardOf: a stable hash of the key), sends one
 //     PullBatch or PushBatch per node that leads some of them (a part the
 //     node cannot serve falls back to a per-shard call), puts rows back in
@@ -49,7 +60,11 @@
 // # Concurrency
 //
 // Node and Client methods are safe for concurrent use. A node's set of open
-// groups is guarded by Node.mu and only reconcileLoop adds to it. The
+// groups is guarded by Node.mu and only reconcileLoop adds to it or closes
+// groups; its retired and lastTransfer maps are reconcileLoop's alone. The
+// scheduler runs on one goroutine and starts one goroutine per shard step,
+// tracked in scheduler.inflight under scheduler.mu; its steps' context ends
+// when the node stops leading the metadata group. The
 // metadata FSM is applied on Raft's FSM goroutine; readers take its RWMutex.
 // The client's connection and leader caches are guarded by Client.mu; per
 // group sequence numbers are atomics.

@@ -117,6 +117,7 @@ func (m *metaFSM) applyCreate(arg []byte) any {
 		return fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
 	}
 	m.tables[spec.Name] = spec
+	m.changed()
 	m.mu.Unlock()
 	m.onChange()
 	return spec
@@ -204,7 +205,7 @@ const (
 	maxMetaSnapshotSize = 256 << 20
 )
 
-// Snapshot writes format 2. The tables and jobs are taken under one lock, so
+// Snapshot writes format 3. The tables and jobs are taken under one lock, so
 // they are of the same applied index.
 func (m *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
 	m.mu.RLock()

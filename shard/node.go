@@ -226,15 +226,6 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	// Serve only once the metadata group exists: every handler reads n.meta.
-	// Raft's first messages to peers fail until they serve too, and are
-	// retried.
-	n.wg.Go(func() {
-		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.log.Error("grpc server stopped", "error", err)
-		}
-	})
-
 	gossip := cfg.Gossip
 	if len(gossip.Join) == 0 {
 		for _, a := range cfg.Join {
@@ -256,6 +247,16 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
+
+	// Serve only once the metadata group and the membership exist: the
+	// handlers read n.meta and n.members.
+	// Raft's first messages to peers fail until they serve too, and are
+	// retried.
+	n.wg.Go(func() {
+		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("grpc server stopped", "error", err)
+		}
+	})
 
 	n.wg.Go(n.reconcileLoop)
 	n.wg.Go(n.schedulerLoop)

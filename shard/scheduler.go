@@ -472,10 +472,13 @@ func (sc *scheduler) metaVoters(v *view) {
 			nonvoters = append(nonvoters, string(srv.ID))
 		}
 	}
-	eligible := func(id string) bool { return v.placeable(id) && v.alive(id) }
+	// The number of voters follows the placeable nodes (active, not
+	// failed), not the ones alive this instant: a node that misses a few
+	// probes under load must not make the group demote and promote in turn.
+	// Only a promotion needs the node alive now.
 	count := 0
 	for _, nd := range v.nodes {
-		if eligible(nd.Id) {
+		if v.placeable(nd.Id) {
 			count++
 		}
 	}
@@ -488,7 +491,7 @@ func (sc *scheduler) metaVoters(v *view) {
 	}
 	good := 0
 	for _, id := range voters {
-		if eligible(id) {
+		if v.placeable(id) {
 			good++
 		}
 	}
@@ -509,7 +512,7 @@ func (sc *scheduler) metaVoters(v *view) {
 	}
 	if good < desired {
 		for _, id := range nonvoters {
-			if eligible(id) {
+			if v.placeable(id) && v.alive(id) {
 				change("promote", id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(v.nodes[id].Addr), 0, configChangeTimeout))
 				return
 			}
@@ -531,12 +534,16 @@ func (sc *scheduler) metaVoters(v *view) {
 			return
 		}
 	}
-	if len(voters) > desired && good > desired {
+	if good > desired {
+		// A surplus voter: one not alive now if any, else any but this one.
+		pick := ""
 		for _, id := range voters {
-			if id != n.cfg.ID && eligible(id) {
-				change("demote surplus", id, r.DemoteVoter(raft.ServerID(id), 0, configChangeTimeout))
-				return
+			if id != n.cfg.ID && v.placeable(id) && (pick == "" || !v.alive(id)) {
+				pick = id
 			}
+		}
+		if pick != "" {
+			change("demote surplus", pick, r.DemoteVoter(raft.ServerID(pick), 0, configChangeTimeout))
 		}
 	}
 }

@@ -100,24 +100,29 @@ func pushLoad(t *testing.T, c *Cluster, l *ledger, table string, clients, perCli
 	var wg sync.WaitGroup
 	for w := range clients {
 		cl := c.Client()
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for range perClient {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				keys, grads := randomPush(rng, l.dim)
-				if err := cl.Push(context.Background(), table, keys, grads); err != nil {
-					t.Errorf("client %d: %v", w, err)
-					return
-				}
-				l.record(t, keys, grads)
-			}
-		})
+		wg.Go(func() { pushWorker(t, cl, l, table, w, 7, perClient, stop) })
 	}
 	wg.Wait()
+}
+
+// pushWorker is client w of a push load: it pushes random batches until
+// stop is closed or it made n pushes, recording each acknowledged one. An
+// error fails the test and ends the worker.
+func pushWorker(t *testing.T, cl *shard.Client, l *ledger, table string, w int, seed uint64, n int, stop <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(uint64(w), seed))
+	for range n {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		keys, grads := randomPush(rng, l.dim)
+		if err := cl.Push(context.Background(), table, keys, grads); err != nil {
+			t.Errorf("client %d: %v", w, err)
+			return
+		}
+		l.record(t, keys, grads)
+	}
 }
 
 // verify checks linearizable pulls against the ledger and every shard's

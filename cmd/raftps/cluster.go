@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,9 @@ import (
 	"github.com/raftps/raftps/shard"
 )
 
-// A local cluster lives in one directory:
+// A local cluster lives in one directory. cluster up starts its first nodes
+// as a static cluster (--peers); cluster add starts one more that joins it
+// (--join), and records it like the others.
 //
 //	DIR/cluster.json   the nodes and the arguments each server runs with
 //	DIR/addrs          comma-separated gRPC addresses (for --cluster)
@@ -29,6 +32,12 @@ import (
 type localCluster struct {
 	Dir   string      `json:"-"`
 	Nodes []localNode `json:"nodes"`
+	// Host and BasePort are cluster up's --host and --base-port, and
+	// ServerArgs its --server-args: cluster add places and runs a new node
+	// the same way.
+	Host       string   `json:"host,omitempty"`
+	BasePort   int      `json:"base_port,omitempty"`
+	ServerArgs []string `json:"server_args,omitempty"`
 }
 
 type localNode struct {
@@ -40,18 +49,20 @@ type localNode struct {
 
 func runCluster(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: raftps cluster up|down|kill NODE|restart NODE --dir D")
+		fmt.Fprintln(stderr, "usage: raftps cluster up|add|down|kill NODE|restart NODE --dir D")
 		return 2
 	}
 	switch args[0] {
 	case "up":
 		return clusterUp(args[1:], stdout, stderr)
+	case "add":
+		return clusterAdd(args[1:], stdout, stderr)
 	case "down":
 		return clusterDown(args[1:], stdout, stderr)
 	case "kill", "restart":
 		return clusterNode(args[0], args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "raftps cluster: unknown subcommand %q (want up, down, kill or restart)\n", args[0])
+	fmt.Fprintf(stderr, "raftps cluster: unknown subcommand %q (want up, add, down, kill or restart)\n", args[0])
 	return 2
 }
 
@@ -72,7 +83,7 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 	if _, err := os.Stat(filepath.Join(*dir, "cluster.json")); err == nil {
 		return fail(stderr, "cluster up", fmt.Errorf("%s already holds a cluster: use 'raftps cluster down --dir %s' and remove it, or another --dir", *dir, *dir))
 	}
-	c := &localCluster{Dir: *dir}
+	c := &localCluster{Dir: *dir, Host: *host, BasePort: *base, ServerArgs: strings.Fields(*extra)}
 	var peers []string
 	for i := range *n {
 		nd := localNode{ID: fmt.Sprintf("n%d", i+1), Addr: fmt.Sprintf("%s:%d", *host, *base+i), HTTP: fmt.Sprintf("%s:%d", *host, *base+100+i)}
@@ -85,18 +96,9 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 			"--data-dir", filepath.Join(*dir, nd.ID, "data"), "--peers", strings.Join(peers, ",")}
 		nd.Args = append(nd.Args, strings.Fields(*extra)...)
 	}
-	// A port held by another process (often a node of another local
-	// cluster) would make this node exit, and the other process could
-	// answer in its place.
 	for _, nd := range c.Nodes {
-		gossip, err := shard.DefaultGossipAddr(nd.Addr)
-		if err != nil {
+		if err := nd.portsFree(); err != nil {
 			return fail(stderr, "cluster up", err)
-		}
-		for _, addr := range []string{nd.Addr, nd.HTTP, gossip} {
-			if err := portFree(addr); err != nil {
-				return fail(stderr, "cluster up", fmt.Errorf("%s cannot use %s: %w (another cluster running? 'raftps cluster down --dir DIR', or pick another --base-port)", nd.ID, addr, err))
-			}
 		}
 	}
 	if err := c.save(); err != nil {
@@ -116,6 +118,153 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "cluster of %d nodes serving at %s\n", len(c.Nodes), c.addrs())
 	fmt.Fprintf(stdout, "  export RAFTPS_CLUSTER=%s\n  raftps status\n  raftps cluster down --dir %s\n", c.addrs(), *dir)
 	return 0
+}
+
+// portsFree checks the node's gRPC, HTTP and gossip ports: one held by
+// another process (often a node of another local cluster) would make this
+// node exit, and the other process could answer in its place.
+func (nd localNode) portsFree() error {
+	gossip, err := shard.DefaultGossipAddr(nd.Addr)
+	if err != nil {
+		return err
+	}
+	for _, addr := range []string{nd.Addr, nd.HTTP, gossip} {
+		if err := portFree(addr); err != nil {
+			return fmt.Errorf("%s cannot use %s: %w (another cluster running? 'raftps cluster down --dir DIR', or pick another --base-port)", nd.ID, addr, err)
+		}
+	}
+	return nil
+}
+
+// clusterAdd starts one more node that joins the running cluster (an
+// elastic cluster: the scheduler moves replicas onto it), with the next ID
+// and ports, and records it so cluster kill, restart and down know it.
+func clusterAdd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("raftps cluster add", flag.ContinueOnError)
+	dir := fs.String("dir", "", "the cluster's directory (required)")
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the new node to serve and register")
+	extra := fs.String("server-args", "", "extra arguments for the new server, space-separated (default: those 'cluster up' was given)")
+	if rc := parse(fs, args, stderr); rc >= 0 {
+		return rc
+	}
+	c, err := loadCluster(*dir)
+	if err != nil {
+		return fail(stderr, "cluster add", err)
+	}
+	nd, err := c.nextNode()
+	if err != nil {
+		return fail(stderr, "cluster add", err)
+	}
+	serverArgs := c.ServerArgs
+	if *extra != "" {
+		serverArgs = strings.Fields(*extra)
+	}
+	// Join through the running nodes first: any one that answers will do.
+	var running, stopped []string
+	for _, o := range c.Nodes {
+		if _, alive := c.pid(o.ID); alive {
+			running = append(running, o.Addr)
+		} else {
+			stopped = append(stopped, o.Addr)
+		}
+	}
+	if len(running) == 0 {
+		return fail(stderr, "cluster add", fmt.Errorf("no node of the cluster in %s is running: 'raftps cluster restart NODE --dir %s' first", *dir, *dir))
+	}
+	nd.Args = []string{"server", "--id", nd.ID, "--addr", nd.Addr, "--http", nd.HTTP,
+		"--data-dir", filepath.Join(*dir, nd.ID, "data"), "--join", strings.Join(append(running, stopped...), ",")}
+	nd.Args = append(nd.Args, serverArgs...)
+	if err := nd.portsFree(); err != nil {
+		return fail(stderr, "cluster add", err)
+	}
+	c.Nodes = append(c.Nodes, nd)
+	if err := c.save(); err != nil {
+		return fail(stderr, "cluster add", err)
+	}
+	// forget takes the node out of the state file again if it never served.
+	forget := func() {
+		_ = c.stop(nd.ID, syscall.SIGTERM, 10*time.Second)
+		c.Nodes = c.Nodes[:len(c.Nodes)-1]
+		if err := c.save(); err != nil {
+			fmt.Fprintf(stderr, "raftps cluster add: %v\n", err)
+		}
+	}
+	if err := c.start(nd); err != nil {
+		forget()
+		return fail(stderr, "cluster add", err)
+	}
+	fmt.Fprintf(stderr, "started %s on %s (log %s)\n", nd.ID, nd.Addr, filepath.Join(*dir, nd.ID, "log"))
+	err = c.waitServing(*wait, stderr)
+	if err == nil {
+		err = c.waitRegistered(nd.ID, *wait, stderr)
+	}
+	if err != nil {
+		forget()
+		return fail(stderr, "cluster add", fmt.Errorf("%w (%s was stopped and left out of %s/cluster.json; its log is %s)", err, nd.ID, *dir, filepath.Join(*dir, nd.ID, "log")))
+	}
+	fmt.Fprintf(stdout, "%s joined the cluster at %s; replicas move onto it at the scheduler's pace ('raftps status')\n", nd.ID, nd.Addr)
+	fmt.Fprintf(stdout, "  export RAFTPS_CLUSTER=%s\n", c.addrs())
+	return 0
+}
+
+// nextNode returns the node after the last one: ID nK+1, and the ports of
+// node K+1 by cluster up's scheme.
+func (c *localCluster) nextNode() (localNode, error) {
+	k := 0
+	for _, nd := range c.Nodes {
+		if i, err := strconv.Atoi(strings.TrimPrefix(nd.ID, "n")); err == nil && strings.HasPrefix(nd.ID, "n") {
+			k = max(k, i)
+		}
+	}
+	host, base := c.Host, c.BasePort
+	if base == 0 {
+		// A cluster.json from before host and base_port were recorded:
+		// node n1 has the base port.
+		n1, err := c.node("n1")
+		if err != nil {
+			return localNode{}, fmt.Errorf("cannot tell the cluster's base port: %w", err)
+		}
+		h, p, err := net.SplitHostPort(n1.Addr)
+		if err != nil {
+			return localNode{}, fmt.Errorf("n1's address %q: %w", n1.Addr, err)
+		}
+		host = h
+		if base, err = strconv.Atoi(p); err != nil {
+			return localNode{}, fmt.Errorf("n1's address %q: %w", n1.Addr, err)
+		}
+	}
+	return localNode{ID: fmt.Sprintf("n%d", k+1), Addr: net.JoinHostPort(host, strconv.Itoa(base+k)), HTTP: net.JoinHostPort(host, strconv.Itoa(base+100+k))}, nil
+}
+
+// waitRegistered waits until the metadata leader's map has the node.
+func (c *localCluster) waitRegistered(id string, timeout time.Duration, stderr io.Writer) error {
+	cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(c.addrs(), ",")})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	deadline := time.Now().Add(timeout)
+	next := time.Now().Add(2 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		cm, err := cl.ClusterMap(ctx)
+		cancel()
+		if err == nil {
+			for _, nd := range cm.Nodes {
+				if nd.Id == id {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not registered in the cluster map after %s (last error: %v)", id, timeout, err)
+		}
+		if time.Now().After(next) {
+			fmt.Fprintf(stderr, "waiting for %s to register ...\n", id)
+			next = time.Now().Add(2 * time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (c *localCluster) addrs() string {
@@ -298,6 +447,13 @@ func (c *localCluster) waitServing(timeout time.Duration, stderr io.Writer) erro
 				}
 				continue
 			}
+			// The HTTP server starts last: until it answers, the node
+			// may still be starting, and a Status call then can crash it
+			// (shard: Status reads the gossip view before it exists).
+			if nd.HTTP != "" && !httpUp(nd.HTTP) {
+				waiting = append(waiting, nd.ID)
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			st, err := cl.Status(ctx, nd.Addr)
 			cancel()
@@ -320,6 +476,18 @@ func (c *localCluster) waitServing(timeout time.Duration, stderr io.Writer) erro
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// httpUp reports whether a node's HTTP server answers at all (/healthz says
+// 503 while the node knows no metadata leader: that is an answer too).
+func httpUp(addr string) bool {
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return true
 }
 
 func clusterDown(args []string, stdout, stderr io.Writer) int {

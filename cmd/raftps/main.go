@@ -18,17 +18,19 @@ type command struct {
 }
 
 // commands grows as the packages behind them land: server, table, status,
-// train, bench, chaos, demo, checkpoint (../shared/DESIGN.md).
+// train, bench, chaos, demo, checkpoint (../shared/DESIGN.md), and node for
+// the elastic cluster's administration.
 var commands = map[string]command{
 	"version": {"print the build's version and module versions", runVersion},
-	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --peers n1=A,n2=B,n3=C", runServer},
+	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --bootstrap | --join A,B | --peers n1=A,n2=B,n3=C", runServer},
+	"node":    {"change a node's admin state: raftps node drain [--wait]|remove|activate NODE", runNode},
 	"table":   {"create, list or describe tables: raftps table create NAME --dim N ...", runTable},
 	"pull":    {"print rows: raftps pull TABLE KEY...", runPull},
-	"status":  {"show nodes and every replica's state, leader and indexes", runStatus},
+	"status":  {"show nodes (liveness, admin state, replicas, leaders), shards being moved, and every replica's state", runStatus},
 	"bench":   {"measure pull/push rows/s and latency against a cluster", runBench},
 	"demo":    {"a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost", runDemo},
 	"train":   {"train a CTR model on synthetic data against the cluster: raftps train --model lr|dlrm", runTrain},
-	"cluster": {"run a local cluster of separate processes: raftps cluster up|down|kill NODE|restart NODE --dir D", runCluster},
+	"cluster": {"run a local cluster of separate processes: raftps cluster up|add|down|kill NODE|restart NODE --dir D", runCluster},
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

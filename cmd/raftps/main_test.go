@@ -17,6 +17,14 @@ func TestRun(t *testing.T) {
 		{[]string{"version"}, 0, "raftps ", ""},
 		{[]string{"version", "x"}, 2, "", "takes no arguments"},
 		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{[]string{"help"}, 0, "node", ""},
+		{[]string{"node"}, 2, "", "usage: raftps node drain|remove|activate NODE"},
+		{[]string{"node", "frob", "n1"}, 2, "", `unknown subcommand "frob"`},
+		{[]string{"node", "drain"}, 2, "", "usage: raftps node drain NODE"},
+		{[]string{"node", "remove", "n1", "--cluster", ""}, 1, "", "no cluster given"},
+		{[]string{"node", "remove", "n1", "--wait"}, 2, "", "flag provided but not defined: -wait"},
+		{[]string{"cluster", "add"}, 1, "", "--dir is required"},
+		{[]string{"server", "--id", "n1", "--addr", "127.0.0.1:0", "--data-dir", "DIR", "--bootstrap", "--join", "127.0.0.1:1"}, 1, "", "give one of --peers, --bootstrap and --join"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(tc.args, &out, &errb); code != tc.code {

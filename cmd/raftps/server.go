@@ -18,19 +18,29 @@ import (
 func runServer(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps server", flag.ContinueOnError)
 	var (
-		cfg      shard.NodeConfig
-		peers    string
-		join     string
-		logLevel string
+		cfg         shard.NodeConfig
+		peers       string
+		clusterJoin string
+		gossipJoin  string
+		logLevel    string
 	)
 	d := replication.DefaultRaftConfig()
 	fs.StringVar(&cfg.ID, "id", "", "this node's ID, unique in the cluster (required)")
 	fs.StringVar(&cfg.Addr, "addr", "", "gRPC address to listen on and advertise, e.g. 127.0.0.1:7001 (required)")
 	fs.StringVar(&cfg.HTTPAddr, "http", "", "HTTP address for /healthz and /debug/pprof (empty: none)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for this node's Raft logs and snapshots (required)")
-	fs.StringVar(&peers, "peers", "", "every node of the cluster as ID=ADDR,... including this one (required)")
+	fs.StringVar(&peers, "peers", "", "a static cluster: its first nodes as ID=ADDR,... including this one, all voting in the metadata group. On a node's first start give one of --peers, --bootstrap and --join; a restarted node (its --data-dir holds cluster state) needs none")
+	fs.BoolVar(&cfg.Bootstrap, "bootstrap", false, "start a new cluster with this node alone; add nodes with --join")
+	fs.StringVar(&clusterJoin, "join", "", "gRPC addresses of running nodes to join, comma-separated (any one that answers will do)")
+	fs.DurationVar(&cfg.RepairGrace, "repair-grace", shard.DefaultRepairGrace, "how long a node must stay dead before its replicas are placed on other nodes")
+	fs.IntVar(&cfg.MaxMoves, "max-moves", shard.DefaultMaxMoves, "how many shards may be gaining a replica at once (bounds repair and rebalancing traffic)")
 	fs.StringVar(&cfg.Gossip.Addr, "gossip-addr", "", fmt.Sprintf("memberlist gossip address (UDP and TCP) to bind and advertise (default: the --addr host, port + %d)", shard.GossipPortOffset))
-	fs.StringVar(&join, "gossip-join", "", fmt.Sprintf("gossip addresses of other nodes to join, comma-separated (default: each --peers address with port + %d)", shard.GossipPortOffset))
+	fs.StringVar(&gossipJoin, "gossip-join", "", fmt.Sprintf("gossip addresses of other nodes to join, comma-separated (default: each --peers or --join address with port + %d)", shard.GossipPortOffset))
+	fs.DurationVar(&cfg.Gossip.ProbeInterval, "gossip-probe-interval", 0, "how often memberlist probes a random node (0: memberlist's LAN default, 1s)")
+	fs.DurationVar(&cfg.Gossip.ProbeTimeout, "gossip-probe-timeout", 0, "how long memberlist waits for a probe's answer (0: memberlist's LAN default, 500ms)")
+	fs.DurationVar(&cfg.Gossip.GossipInterval, "gossip-interval", 0, "how often memberlist gossips (0: memberlist's LAN default, 200ms)")
+	fs.IntVar(&cfg.Gossip.SuspicionMult, "gossip-suspicion-mult", 0, "memberlist's suspicion multiplier: how many probe intervals a suspect node has to refute it (0: memberlist's LAN default, 4)")
+	fs.DurationVar(&cfg.Gossip.RejoinInterval, "gossip-rejoin-interval", 0, "how often to join again the nodes gossip does not see alive (0: 5s)")
 	fs.DurationVar(&cfg.Raft.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout: how long followers wait for a dead leader")
 	fs.DurationVar(&cfg.Raft.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.Raft.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
@@ -52,7 +62,12 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Peers = append(cfg.Peers, shard.Peer{ID: id, Addr: addr})
 	}
-	for _, a := range strings.Split(join, ",") {
+	for _, a := range strings.Split(clusterJoin, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Join = append(cfg.Join, a)
+		}
+	}
+	for _, a := range strings.Split(gossipJoin, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Gossip.Join = append(cfg.Gossip.Join, a)
 		}

@@ -33,16 +33,27 @@ type jobJSON struct {
 	World      uint32 `json:"world"`
 }
 
-// nodeJSON is one node: its liveness by gossip as the metadata leader (else
-// the first node that answered) sees it, the shard replicas it hosts and
-// leads, and whether this command reached it.
+// nodeJSON is one node: its liveness by gossip and its admin state as the
+// metadata leader (else the first node that answered) sees them, the shard
+// replicas the cluster map places on it, the shard groups it leads, and
+// whether this command reached it.
 type nodeJSON struct {
 	ID       string `json:"id"`
 	Addr     string `json:"addr"`
 	State    string `json:"state"` // "alive", "suspect" or "dead" by gossip; "unknown" if no node said
+	Admin    string `json:"admin"` // "active", "draining", "removed" or "unregistered"; "" if no node said
 	Replicas uint32 `json:"replicas"`
 	Leaders  uint32 `json:"leaders"`
 	RPC      string `json:"rpc"` // "up", or "unreachable: ..."
+}
+
+// movingJSON is a shard gaining a replica: Adding catches up as a
+// non-voter, then becomes a voter.
+type movingJSON struct {
+	Table    string   `json:"table"`
+	Shard    uint32   `json:"shard"`
+	Replicas []string `json:"replicas"`
+	Adding   string   `json:"adding"`
 }
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
@@ -101,12 +112,20 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	var nodes []nodeJSON
 	var jobs []*shardpb.Job
 	underReplicated := uint32(0)
+	var mapVersion uint64
+	moving := []movingJSON{}
 	if view != nil {
-		jobs, underReplicated = view.Jobs, view.UnderReplicated
+		jobs, underReplicated, mapVersion = view.Jobs, view.UnderReplicated, view.MapVersion
+		for _, sm := range view.Moving {
+			moving = append(moving, movingJSON{Table: sm.Table, Shard: sm.Shard, Replicas: sm.Replicas, Adding: sm.Adding})
+		}
 		for _, p := range view.Nodes {
-			nd := nodeJSON{ID: p.Id, Addr: p.Addr, State: p.State, Replicas: p.Replicas, Leaders: p.Leaders, RPC: rpc[p.Addr]}
+			// Replicas come from the viewing node's map (the metadata
+			// leader's is the freshest); leaders from each node about
+			// itself, else as it last gossiped.
+			nd := nodeJSON{ID: p.Id, Addr: p.Addr, State: p.State, Admin: p.Admin, Replicas: p.Replicas, Leaders: p.Leaders, RPC: rpc[p.Addr]}
 			if me := self[p.Id]; me != nil {
-				nd.Replicas, nd.Leaders = me.Replicas, me.Leaders
+				nd.Leaders = me.Leaders
 			}
 			if nd.RPC == "" {
 				nd.RPC = "not asked"
@@ -132,18 +151,29 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if cf.json {
 		_ = printJSON(stdout, struct {
 			Nodes           []nodeJSON    `json:"nodes"`
+			MapVersion      uint64        `json:"map_version"`
 			UnderReplicated uint32        `json:"under_replicated"`
+			Moving          []movingJSON  `json:"moving"`
 			Replicas        []replicaJSON `json:"replicas"`
 			Jobs            []jobJSON     `json:"jobs"`
-		}{nodes, underReplicated, replicas, jobRows})
+		}{nodes, mapVersion, underReplicated, moving, replicas, jobRows})
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDR\tSTATE\tREPLICAS\tLEADERS\tRPC")
+	fmt.Fprintln(tw, "NODE\tADDR\tSTATE\tADMIN\tREPLICAS\tLEADERS\tRPC")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", n.ID, n.Addr, n.State, n.Replicas, n.Leaders, n.RPC)
+		admin := n.Admin
+		if admin == "" {
+			admin = "?"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.ID, n.Addr, n.State, admin, n.Replicas, n.Leaders, n.RPC)
 	}
+	fmt.Fprintf(tw, "cluster map version: %d\n", mapVersion)
 	fmt.Fprintf(tw, "under-replicated shards: %d\n", underReplicated)
+	fmt.Fprintf(tw, "moving shards: %d\n", len(moving))
+	for _, m := range moving {
+		fmt.Fprintf(tw, "  %s/%d adding %s (replicas %s)\n", m.Table, m.Shard, m.Adding, strings.Join(m.Replicas, ","))
+	}
 	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS")
 	for _, r := range replicas {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Group, r.Node, r.State, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows)

@@ -2042,8 +2042,9 @@ func (x *JobMember) GetAddr() string {
 	return ""
 }
 
-// MetaSnapshot is the metadata group's state in a snapshot (format 2; see
-// shard/meta.go): tables and jobs, each sorted by name.
+// MetaSnapshot is the metadata group's state in a snapshot (formats 2 and 3;
+// see shard/meta.go): tables and jobs, each sorted by name, and (format 3)
+// the cluster map.
 type MetaSnapshot struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tables []*TableSpec           `protobuf:"bytes,1,rep,name=tables,proto3" json:"tables,omitempty"`

@@ -102,6 +102,17 @@ func (m *metaFSM) applyRegister(arg []byte) any {
 		m.mu.Unlock()
 		return old // already registered: no change
 	}
+	if old != nil && old.Addr != nd.Addr {
+		// Its shard groups know it at its old address: they would never
+		// reach it, yet gossip would show it alive, so it would never be
+		// repaired either.
+		for _, sm := range sortedByName(m.shards, shardMapKey) {
+			if slices.Contains(sm.Replicas, nd.Id) || sm.Adding == nd.Id {
+				m.mu.Unlock()
+				return fmt.Errorf("%w: node %s holds a replica of %s at %s; restart it at that address, or remove it and join at %s with a new ID", ErrNodeConflict, nd.Id, shardMapKey(sm), old.Addr, nd.Addr)
+			}
+		}
+	}
 	n := &shardpb.ClusterNode{Id: nd.Id, Addr: nd.Addr, GossipAddr: nd.GossipAddr}
 	if old != nil {
 		n.Admin = old.Admin

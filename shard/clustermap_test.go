@@ -271,27 +271,32 @@ func TestClusterMapRegisterNode(t *testing.T) {
 		{
 			// A draining node restarted at a new address: the addresses are
 			// replaced, it stays draining, version +1, nothing else changes.
-			name: "new address keeps draining", setup: []cmCmd{cmAdmin("n1", cmDraining)},
-			cmd: cmRegister("n1", "a9", "g9"), delta: 1,
+			name: "new address keeps draining", setup: []cmCmd{cmRegister("n5", "a5", "g5"), cmAdmin("n5", cmDraining)},
+			cmd: cmRegister("n5", "a9", "g9"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n1", Addr: "a9", GossipAddr: "g9", Admin: cmDraining}
-				if got := cmNode(after, "n1"); !proto.Equal(got, want) {
-					t.Fatalf("n1 %v, want %v", got, want)
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", GossipAddr: "g9", Admin: cmDraining}
+				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
+					t.Fatalf("n5 %v, want %v", got, want)
 				}
-				if !proto.Equal(cmOthers(after, "", 0, "n1"), cmOthers(before, "", 0, "n1")) {
-					t.Fatal("re-registering n1 changed other entries")
+				if !proto.Equal(cmOthers(after, "", 0, "n5"), cmOthers(before, "", 0, "n5")) {
+					t.Fatal("re-registering n5 changed other entries")
 				}
 			},
+		},
+		{
+			// A node holding replicas cannot move to a new gRPC address: its
+			// groups know it at the old one and would never reach it.
+			name: "new address while holding replicas", cmd: cmRegister("n1", "a9", "g1"), want: ErrNodeConflict,
 		},
 		{
 			// An active node at a new address stays active; its old address
 			// is free for others afterwards (checked in
 			// TestClusterMapRegisterSequence).
-			name: "new address keeps active", cmd: cmRegister("n1", "a9", "g1"), delta: 1,
+			name: "new address keeps active", setup: []cmCmd{cmRegister("n5", "a5", "g5")}, cmd: cmRegister("n5", "a9", "g5"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n1", Addr: "a9", GossipAddr: "g1", Admin: cmActive}
-				if got := cmNode(after, "n1"); !proto.Equal(got, want) {
-					t.Fatalf("n1 %v, want %v", got, want)
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", GossipAddr: "g5", Admin: cmActive}
+				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
+					t.Fatalf("n5 %v, want %v", got, want)
 				}
 			},
 		},
@@ -308,7 +313,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// The admin state in a registration is ignored: a node cannot
 			// register itself out of draining.
 			name: "admin in registration ignored", setup: []cmCmd{cmAdmin("n1", cmDraining)},
-			cmd: cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a9", Admin: cmActive}}, delta: 1,
+			cmd: cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
 				if got := cmNode(after, "n1").Admin; got != cmDraining {
 					t.Fatalf("n1 is %v after re-registering, want draining", got)
@@ -331,6 +336,8 @@ func TestClusterMapRegisterNode(t *testing.T) {
 func TestClusterMapRegisterSequence(t *testing.T) {
 	l := newMetaLog(t)
 	cmMustApply(t, l, cmBase...)
+	// n1 leaves its shards first: a node holding replicas keeps its address.
+	cmMustApply(t, l, cmSetShard("t", 0, 1, "", "n2", "n3"))
 	cmMustApply(t, l, cmRegister("n1", "a9", "g1"), cmRegister("n5", "a1", "g5"))
 	// n5 holds no replica: removed, it can be forgotten, and its address reused.
 	cmMustApply(t, l, cmAdmin("n5", cmRemoved), cmForget("n5"), cmRegister("n6", "a1", "g6"))
@@ -338,8 +345,8 @@ func TestClusterMapRegisterSequence(t *testing.T) {
 	if cmNode(cm, "n5") != nil || cmNode(cm, "n6").GetAddr() != "a1" || cmNode(cm, "n1").GetAddr() != "a9" {
 		t.Fatalf("map %v", cm)
 	}
-	if cm.Version != cmBaseVersion+5 {
-		t.Fatalf("version %d, want %d", cm.Version, cmBaseVersion+5)
+	if cm.Version != cmBaseVersion+6 {
+		t.Fatalf("version %d, want %d", cm.Version, cmBaseVersion+6)
 	}
 	// A forgotten ID may register afresh (it is unknown again), as active.
 	cmMustApply(t, l, cmRegister("n5", "a5", "g5"))
@@ -667,7 +674,7 @@ func cmState(t *testing.T, l *metaLog) {
 		cmRegister("n7", "a7", "g7"),
 		cmAdmin("n7", cmRemoved),
 		cmForget("n7"),
-		cmRegister("n1", "a1b", "g1b"),
+		cmRegister("n1", "a1", "g1b"),
 	)
 	l.mustJoin("train", 2, -1, "h0:1", 0, 1)
 	l.mustJoin("train", 2, -1, "h1:1", 1, 1)
@@ -735,7 +742,7 @@ func TestClusterMapSnapshotRoundTrip(t *testing.T) {
 	for _, c := range []cmCmd{
 		cmSetShard("t", 0, 3, "", "n1", "n3", "n4", "n2"), // t/0 is at epoch 3
 		cmSetShard("t", 0, 3, "", "n1"),                   // now stale
-		cmRegister("n1", "a1b", "g1b"),                    // unchanged
+		cmRegister("n1", "a1", "g1b"),                     // unchanged
 		cmRegister("n6", "a6", "g6"),                      // removed
 		cmRegister("n7", "a7", "g7"),                      // forgotten: new again
 		cmAdmin("n2", cmActive),

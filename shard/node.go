@@ -149,6 +149,10 @@ type Node struct {
 	// lastTransfer: when this node last handed a group's leadership to the
 	// map's preferred leader. Only reconcileLoop uses it.
 	lastTransfer map[string]time.Time
+	// drift: when this node, leading a group, first saw its Raft
+	// configuration differ from the map entry (by groupID@epoch). Only
+	// reconcileLoop uses it.
+	drift map[string]time.Time
 
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
@@ -184,7 +188,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
 		groups:  map[string]*replication.Group{},
-		retired: map[string]bool{}, lastTransfer: map[string]time.Time{},
+		retired: map[string]bool{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		kick:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
 	}

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +29,13 @@ import (
 
 const (
 	reconcileInterval = time.Second
+	// gcPerTick bounds the retired groups asked about per reconcile pass:
+	// each costs a call to the group's leader.
+	gcPerTick = 4
+	// driftGrace is how long a settled shard's Raft configuration must
+	// differ from its map entry before the shard's leader corrects it: a
+	// scheduler step changes the one and then the other, and is not drift.
+	driftGrace = 30 * time.Second
 	// leaderTransferEvery bounds how often a group's leadership is moved to
 	// its preferred leader, and preferredAliveFor how long that node must
 	// have been alive first: a node that restarts gets its leaderships back
@@ -56,6 +64,7 @@ func (n *Node) reconcileLoop() {
 		n.members.setKnown(known)
 		n.reconcileGroups(cm)
 		n.balanceLeaders(cm)
+		n.repairDrift(cm)
 		n.gcRetired(cm)
 		leaders := uint32(0)
 		n.mu.RLock()
@@ -193,7 +202,11 @@ func (n *Node) findRetired() {
 // node is no member: only then can the data not be needed, since a member
 // that lost its log could vote a stale candidate in.
 func (n *Node) gcRetired(cm *shardpb.ClusterMap) {
-	for id := range n.retired {
+	asked := 0
+	for _, id := range slices.Sorted(maps.Keys(n.retired)) {
+		if asked >= gcPerTick {
+			return
+		}
 		var sm *shardpb.ShardMap
 		for _, x := range cm.Shards {
 			if shardMapKey(x) == id {
@@ -203,8 +216,15 @@ func (n *Node) gcRetired(cm *shardpb.ClusterMap) {
 		if sm == nil || isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID || n.groupOpen(id) {
 			continue
 		}
+		asked++
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_QUERY})
+		query := &shardpb.ReconfigureRequest{Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_QUERY}
+		resp, err := n.callShardLeader(ctx, sm, query)
+		if err == nil && resp.State != "leader" && resp.LeaderAddr != "" {
+			// callShardLeader returns the first replica that answers; the
+			// leader's word is the one that counts.
+			resp, err = n.callReconfigure(ctx, resp.LeaderAddr, query)
+		}
 		cancel()
 		if err != nil || resp.State != "leader" || slices.Contains(resp.Voters, n.cfg.ID) || slices.Contains(resp.Nonvoters, n.cfg.ID) {
 			continue
@@ -262,6 +282,83 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 			}
 			n.log.Info("leadership handed to the preferred leader", "group", id, "to", pref)
 		})
+	}
+}
+
+// repairDrift corrects, on the groups this node leads, a Raft configuration
+// that has differed from the shard's settled map entry for driftGrace:
+// members the map does not list are removed, replicas it lists that the
+// group lacks are added (caught up first). A step of a deposed scheduler
+// that reached the group after the map moved on is how that can happen;
+// the map is the truth.
+func (n *Node) repairDrift(cm *shardpb.ClusterMap) {
+	now := time.Now()
+	addrOf := map[string]string{}
+	for _, nd := range cm.Nodes {
+		addrOf[nd.Id] = nd.Addr
+	}
+	seen := map[string]bool{}
+	for _, sm := range cm.Shards {
+		id := shardMapKey(sm)
+		g := n.Group(sm.Table, sm.Shard)
+		if g == nil || !g.IsLeader() || sm.Adding != "" || !isReplica(sm, n.cfg.ID) {
+			continue
+		}
+		f := g.Raft().GetConfiguration()
+		if f.Error() != nil {
+			continue
+		}
+		var extra, missing, voters []string
+		for _, srv := range f.Configuration().Servers {
+			if srv.Suffrage == raft.Voter {
+				voters = append(voters, string(srv.ID))
+			}
+			if !slices.Contains(sm.Replicas, string(srv.ID)) {
+				extra = append(extra, string(srv.ID))
+			}
+		}
+		for _, m := range sm.Replicas {
+			if !slices.Contains(voters, m) {
+				missing = append(missing, m)
+			}
+		}
+		if len(extra) == 0 && len(missing) == 0 {
+			continue
+		}
+		key := fmt.Sprintf("%s@%d", id, sm.Epoch)
+		seen[key] = true
+		first, ok := n.drift[key]
+		if !ok {
+			n.drift[key] = now
+			continue
+		}
+		if now.Sub(first) < driftGrace {
+			continue
+		}
+		delete(n.drift, key)
+		n.log.Warn("shard group configuration differs from the cluster map; correcting", "group", id, "epoch", sm.Epoch, "not_in_map", extra, "not_in_group", missing)
+		r, table, shard := g, sm.Table, sm.Shard
+		n.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+			defer cancel()
+			for _, m := range missing {
+				if err := n.addReplica(ctx, r, table, shard, m, addrOf[m]); err != nil {
+					n.log.Warn("adding a replica the map lists", "group", id, "node", m, "error", err)
+					return
+				}
+			}
+			for _, m := range extra {
+				if err := n.removeReplica(r, m); err != nil {
+					n.log.Warn("removing a member the map does not list", "group", id, "node", m, "error", err)
+					return
+				}
+			}
+		})
+	}
+	for key := range n.drift {
+		if !seen[key] {
+			delete(n.drift, key)
+		}
 	}
 }
 

@@ -28,6 +28,13 @@ func (s *service) Reconfigure(ctx context.Context, req *shardpb.ReconfigureReque
 	if g == nil {
 		return nil, toStatus(fmt.Errorf("group %s: %w: no replica open on node %s", groupID(req.Table, req.Shard), ErrNotReplica, n.cfg.ID))
 	}
+	// A change decided from an older map entry than this node has is
+	// refused: its scheduler (a deposed metadata leader, or a round that
+	// read the map before another step changed it) works from a stale view.
+	// This node's map may itself lag; that only narrows the check.
+	if sm := n.metaFSM.shardMap(req.Table, req.Shard); req.Epoch != 0 && sm != nil && sm.Epoch > req.Epoch {
+		return nil, toStatus(fmt.Errorf("group %s: %w: the change was decided at epoch %d, node %s has %d", g.ID(), ErrEpochChanged, req.Epoch, n.cfg.ID, sm.Epoch))
+	}
 	var err error
 	switch req.Op {
 	case shardpb.ReconfigureOp_RECONFIGURE_QUERY:
@@ -44,10 +51,18 @@ func (s *service) Reconfigure(ctx context.Context, req *shardpb.ReconfigureReque
 	return groupView(g.Raft())
 }
 
-// groupView is a replica's view of its group.
+// groupView is a replica's view of its group. A replica that believes it
+// leads says "leader" only after confirming it with a quorum
+// (VerifyLeader): a deposed leader that has not noticed would otherwise
+// report a configuration that is no longer current, and a node deciding
+// whether it may delete its data (gcRetired) would trust it.
 func groupView(r *raft.Raft) (*shardpb.ReconfigureResponse, error) {
 	addr, id := r.LeaderWithID()
-	resp := &shardpb.ReconfigureResponse{State: stateName(r.State()), AppliedIndex: r.AppliedIndex(), LeaderId: string(id), LeaderAddr: string(addr)}
+	state := r.State()
+	if state == raft.Leader && r.VerifyLeader().Error() != nil {
+		state, addr, id = raft.Follower, "", ""
+	}
+	resp := &shardpb.ReconfigureResponse{State: stateName(state), AppliedIndex: r.AppliedIndex(), LeaderId: string(id), LeaderAddr: string(addr)}
 	f := r.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, toStatus(fmt.Errorf("%w: reading the group configuration: %v", ErrUnavailable, err))

@@ -57,10 +57,24 @@ type scheduler struct {
 
 	mu       sync.Mutex
 	inflight map[string]bool // by groupID
+	// formed: epoch-1 shards whose group has been seen with a leader. An
+	// entry at epoch 1 is the only one whose replicas bootstrap the group,
+	// so it is left alone until the group exists.
+	formed map[string]bool
+	// failures counts failed add steps per (group, node); after
+	// maxAddFailures the add is aborted and the node is not given new
+	// replicas until cooldown[node].
+	failures map[string]int
+	cooldown map[string]time.Time
 }
 
+const (
+	maxAddFailures = 3
+	addCooldown    = 2 * time.Minute
+)
+
 func (n *Node) schedulerLoop() {
-	sc := &scheduler{n: n, inflight: map[string]bool{}}
+	sc := &scheduler{n: n, inflight: map[string]bool{}, formed: map[string]bool{}, failures: map[string]int{}, cooldown: map[string]time.Time{}}
 	t := time.NewTicker(schedulerInterval)
 	defer t.Stop()
 	// term's context lives while this node leads the metadata group: the
@@ -127,6 +141,9 @@ func (v *view) placeable(id string) bool {
 
 func (sc *scheduler) round(ctx context.Context) {
 	n := sc.n
+	sc.metaChanges()
+	// The map is read after the metadata changes above (which may block),
+	// and every step re-checks its shard's epoch before it acts.
 	cm := n.metaFSM.clusterMap()
 	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: map[string]MemberInfo{}, grace: n.cfg.RepairGrace, now: time.Now()}
 	for _, nd := range cm.Nodes {
@@ -135,9 +152,6 @@ func (sc *scheduler) round(ctx context.Context) {
 	for _, m := range n.Members() {
 		v.member[m.ID] = m
 	}
-	sc.metaVoters(v)
-	sc.forgetRemoved(cm, v)
-
 	var nodes []string
 	for _, nd := range cm.Nodes {
 		if v.placeable(nd.Id) {
@@ -180,11 +194,13 @@ func (sc *scheduler) round(ctx context.Context) {
 	}
 	slices.SortStableFunc(shards, func(a, b *shardpb.ShardMap) int { return cmp.Compare(hurt(a), hurt(b)) })
 
+	// Repairs and rebalancing have a budget of MaxMoves shards gaining a
+	// replica each, so rebalancing moves under way never hold back a repair.
 	sc.mu.Lock()
-	adding := 0
+	adding := [2]int{}
 	for _, sm := range cm.Shards {
 		if sm.Adding != "" || sc.inflight[shardMapKey(sm)] {
-			adding++
+			adding[hurt(sm)]++
 		}
 	}
 	sc.mu.Unlock()
@@ -198,23 +214,36 @@ func (sc *scheduler) round(ctx context.Context) {
 		target := tp[sm.Shard]
 		sc.mu.Lock()
 		busy := sc.inflight[key]
+		unformed := sm.Epoch == 1 && !sc.formed[key]
+		stuck := sm.Adding != "" && sc.failures[key+" "+sm.Adding] >= maxAddFailures
 		sc.mu.Unlock()
 		if busy {
 			continue
 		}
+		if unformed {
+			sc.start(ctx, sm, func(ctx context.Context) error { return sc.checkFormed(ctx, sm) })
+			continue
+		}
 		switch {
 		case sm.Adding != "":
-			if v.failed(sm.Adding) || !slices.Contains(target, sm.Adding) {
-				sc.start(ctx, key, func(ctx context.Context) error { return sc.abortAdd(ctx, sm, cm) })
+			if v.failed(sm.Adding) || !slices.Contains(target, sm.Adding) || stuck {
+				if stuck {
+					sc.mu.Lock()
+					sc.cooldown[sm.Adding] = v.now.Add(addCooldown)
+					delete(sc.failures, key+" "+sm.Adding)
+					sc.mu.Unlock()
+					n.log.Warn("adding a replica keeps failing; giving up on the node for a while", "group", key, "node", sm.Adding, "cooldown", addCooldown)
+				}
+				sc.start(ctx, sm, func(ctx context.Context) error { return sc.abortAdd(ctx, sm) })
 			} else {
-				sc.start(ctx, key, func(ctx context.Context) error { return sc.finishAdd(ctx, sm, cm) })
+				sc.start(ctx, sm, func(ctx context.Context) error { return sc.finishAdd(ctx, sm) })
 			}
 		case len(sm.Replicas) > len(target) || hasFailedExtra(sm, target, v):
 			rm := sc.pickRemoval(sm, target, v)
 			if rm == "" {
 				continue
 			}
-			sc.start(ctx, key, func(ctx context.Context) error { return sc.remove(ctx, sm, cm, rm) })
+			sc.start(ctx, sm, func(ctx context.Context) error { return sc.remove(ctx, sm, rm) })
 		default:
 			add := ""
 			for _, id := range target {
@@ -224,16 +253,20 @@ func (sc *scheduler) round(ctx context.Context) {
 				}
 			}
 			if add != "" {
-				if adding >= n.cfg.MaxMoves || !v.alive(add) {
+				sc.mu.Lock()
+				cooling := v.now.Before(sc.cooldown[add])
+				sc.mu.Unlock()
+				kind := hurt(sm)
+				if adding[kind] >= n.cfg.MaxMoves || !v.alive(add) || cooling {
 					continue
 				}
-				adding++
-				sc.start(ctx, key, func(ctx context.Context) error { return sc.beginAdd(ctx, sm, cm, add) })
+				adding[kind]++
+				sc.start(ctx, sm, func(ctx context.Context) error { return sc.beginAdd(ctx, sm, add) })
 				continue
 			}
 			if !slices.Equal(sm.Replicas, target) && reorders < n.cfg.MaxMoves {
 				reorders++
-				sc.start(ctx, key, func(ctx context.Context) error {
+				sc.start(ctx, sm, func(ctx context.Context) error {
 					_, err := sc.setShard(sm, target, "")
 					return err
 				})
@@ -278,8 +311,11 @@ func (sc *scheduler) pickRemoval(sm *shardpb.ShardMap, target []string, v *view)
 	return best
 }
 
-// start runs one step of one shard in its own goroutine.
-func (sc *scheduler) start(ctx context.Context, key string, step func(ctx context.Context) error) {
+// start runs one step of one shard in its own goroutine, if the shard's
+// entry is still the one the step was decided from: a round reads the map
+// once, and a step of an earlier round may have changed the entry since.
+func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(ctx context.Context) error) {
+	key := shardMapKey(sm)
 	sc.mu.Lock()
 	sc.inflight[key] = true
 	sc.mu.Unlock()
@@ -289,9 +325,22 @@ func (sc *scheduler) start(ctx context.Context, key string, step func(ctx contex
 			delete(sc.inflight, key)
 			sc.mu.Unlock()
 		}()
+		if cur := sc.n.metaFSM.shardMap(sm.Table, sm.Shard); cur == nil || cur.Epoch != sm.Epoch {
+			return
+		}
 		ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 		defer cancel()
-		if err := step(ctx); err != nil && ctx.Err() == nil {
+		err := step(ctx)
+		if sm.Adding != "" {
+			sc.mu.Lock()
+			if err != nil && ctx.Err() == nil && !errors.Is(err, ErrEpochChanged) {
+				sc.failures[key+" "+sm.Adding]++
+			} else if err == nil {
+				delete(sc.failures, key+" "+sm.Adding)
+			}
+			sc.mu.Unlock()
+		}
+		if err != nil && ctx.Err() == nil {
 			lvl := sc.n.log.Warn
 			if errors.Is(err, ErrEpochChanged) {
 				lvl = sc.n.log.Debug
@@ -314,22 +363,36 @@ func (sc *scheduler) setShard(sm *shardpb.ShardMap, replicas []string, adding st
 	return nsm, nil
 }
 
-func (sc *scheduler) beginAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap, add string) error {
+// checkFormed marks an epoch-1 shard formed once its group has a leader.
+func (sc *scheduler) checkFormed(ctx context.Context, sm *shardpb.ShardMap) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_QUERY})
+	if err != nil || resp.LeaderAddr == "" {
+		return nil // not yet: the next round asks again
+	}
+	sc.mu.Lock()
+	sc.formed[shardMapKey(sm)] = true
+	sc.mu.Unlock()
+	return nil
+}
+
+func (sc *scheduler) beginAdd(ctx context.Context, sm *shardpb.ShardMap, add string) error {
 	nsm, err := sc.setShard(sm, sm.Replicas, add)
 	if err != nil {
 		return err
 	}
-	return sc.finishAdd(ctx, nsm, cm)
+	return sc.finishAdd(ctx, nsm)
 }
 
-func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap) error {
+func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap) error {
 	nd := sc.n.metaFSM.node(sm.Adding)
 	if nd == nil {
 		return fmt.Errorf("node %q: %w", sm.Adding, ErrUnknownNode)
 	}
 	start := time.Now()
 	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
-		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_ADD, NodeId: nd.Id, NodeAddr: nd.Addr,
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_ADD, NodeId: nd.Id, NodeAddr: nd.Addr, Epoch: sm.Epoch,
 	}); err != nil {
 		return err
 	}
@@ -338,9 +401,9 @@ func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap, cm *sh
 	return err
 }
 
-func (sc *scheduler) abortAdd(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap) error {
+func (sc *scheduler) abortAdd(ctx context.Context, sm *shardpb.ShardMap) error {
 	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
-		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: sm.Adding,
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: sm.Adding, Epoch: sm.Epoch,
 	}); err != nil {
 		return err
 	}
@@ -348,9 +411,9 @@ func (sc *scheduler) abortAdd(ctx context.Context, sm *shardpb.ShardMap, cm *sha
 	return err
 }
 
-func (sc *scheduler) remove(ctx context.Context, sm *shardpb.ShardMap, cm *shardpb.ClusterMap, rm string) error {
+func (sc *scheduler) remove(ctx context.Context, sm *shardpb.ShardMap, rm string) error {
 	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
-		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: rm,
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_REMOVE, NodeId: rm, Epoch: sm.Epoch,
 	}); err != nil {
 		return err
 	}
@@ -421,6 +484,21 @@ func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.Re
 		}
 	}
 	return resp, err
+}
+
+// metaChanges makes this round's metadata group and node changes, from a
+// map and gossip view of its own.
+func (sc *scheduler) metaChanges() {
+	cm := sc.n.metaFSM.clusterMap()
+	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: map[string]MemberInfo{}, grace: sc.n.cfg.RepairGrace, now: time.Now()}
+	for _, nd := range cm.Nodes {
+		v.nodes[nd.Id] = nd
+	}
+	for _, m := range sc.n.Members() {
+		v.member[m.ID] = m
+	}
+	sc.metaVoters(v)
+	sc.forgetRemoved(cm, v)
 }
 
 // forgetRemoved deletes removed nodes that hold no replica any more.

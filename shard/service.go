@@ -132,6 +132,26 @@ func (n *Node) groupFor(ctx context.Context, table string, shard uint32, epoch u
 	return g, spec, nil
 }
 
+// followerFresh refuses an eventual read on a follower that has not heard
+// from a leader for a while: a replica cut off from its group (partitioned,
+// or removed from it without knowing) would otherwise serve old rows for
+// ever. Eventual reads promise no bound, but not abandonment either.
+func (n *Node) followerFresh(g *replication.Group) error {
+	r := g.Raft()
+	if r.State() == raft.Leader {
+		return nil
+	}
+	hb := n.cfg.Raft.HeartbeatTimeout
+	if hb == 0 {
+		hb = replication.DefaultRaftConfig().HeartbeatTimeout
+	}
+	limit := max(10*hb, 2*time.Second)
+	if last := r.LastContact(); last.IsZero() || time.Since(last) > limit {
+		return fmt.Errorf("group %s: %w: replica on node %s has not heard from a leader for over %s", g.ID(), ErrUnavailable, n.cfg.ID, limit)
+	}
+	return nil
+}
+
 // levelRank orders consistency levels from weakest to strongest.
 func levelRank(c shardpb.Consistency) int {
 	switch c {
@@ -191,6 +211,11 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	// (none can be created yet) is then served stronger than asked, which is
 	// always allowed, never weaker.
 	linearizable := level != shardpb.Consistency_CONSISTENCY_EVENTUAL
+	if !linearizable {
+		if err := s.n.followerFresh(g); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	if err := g.Pull(ctx, keys, out, linearizable); err != nil {
 		return nil, toStatus(err)
 	}

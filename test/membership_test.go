@@ -66,11 +66,21 @@ func TestMembershipStatus(t *testing.T) {
 	}
 	waitStatus(t, c, []int{0, 1, 2}, 10*time.Second, "3 nodes alive", allAlive)
 
-	// Counts: every node hosts every shard; the leaders add up to the shards.
-	st, err := statusOf(t, c, 0)
-	if err != nil {
-		t.Fatal(err)
+	// Counts: every node hosts every shard; the leaders add up to the shards
+	// once every node has gossiped its count (each does on its reconcile
+	// pass, every second).
+	leaderSum := func(st *shardpb.StatusResponse) uint32 {
+		sum := uint32(0)
+		for _, n := range st.Nodes {
+			sum += n.Leaders
+		}
+		return sum
 	}
+	var st *shardpb.StatusResponse
+	waitStatus(t, c, []int{0}, 10*time.Second, "gossiped leader counts adding up to the shards", func(s *shardpb.StatusResponse) bool {
+		st = s
+		return leaderSum(s) == shards
+	})
 	leaders := uint32(0)
 	for _, n := range st.Nodes {
 		if n.Replicas != shards {

@@ -2686,12 +2686,17 @@ func (x *MetaCreateTable) GetShards() []*ShardMap {
 }
 
 type ReconfigureRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
-	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
-	Op            ReconfigureOp          `protobuf:"varint,3,opt,name=op,proto3,enum=raftps.v1.ReconfigureOp" json:"op,omitempty"`
-	NodeId        string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	NodeAddr      string                 `protobuf:"bytes,5,opt,name=node_addr,json=nodeAddr,proto3" json:"node_addr,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Table    string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard    uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	Op       ReconfigureOp          `protobuf:"varint,3,opt,name=op,proto3,enum=raftps.v1.ReconfigureOp" json:"op,omitempty"`
+	NodeId   string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeAddr string                 `protobuf:"bytes,5,opt,name=node_addr,json=nodeAddr,proto3" json:"node_addr,omitempty"`
+	// The shard's map epoch the change was decided at (0: not checked). A
+	// leader whose map has a newer epoch refuses it (ABORTED, "shard epoch
+	// changed"): the change was decided by a scheduler working from an old
+	// map.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2759,6 +2764,13 @@ func (x *ReconfigureRequest) GetNodeAddr() string {
 		return x.NodeAddr
 	}
 	return ""
+}
+
+func (x *ReconfigureRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type ReconfigureResponse struct {
@@ -3023,13 +3035,14 @@ const file_raftps_proto_rawDesc = "" +
 	"\x06adding\x18\x05 \x01(\tR\x06adding\"h\n" +
 	"\x0fMetaCreateTable\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\x12+\n" +
-	"\x06shards\x18\x02 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\"\xa0\x01\n" +
+	"\x06shards\x18\x02 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\"\xb6\x01\n" +
 	"\x12ReconfigureRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12(\n" +
 	"\x02op\x18\x03 \x01(\x0e2\x18.raftps.v1.ReconfigureOpR\x02op\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x1b\n" +
-	"\tnode_addr\x18\x05 \x01(\tR\bnodeAddr\"\xc4\x01\n" +
+	"\tnode_addr\x18\x05 \x01(\tR\bnodeAddr\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"\xc4\x01\n" +
 	"\x13ReconfigureResponse\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x16\n" +

@@ -80,12 +80,11 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "demo_counts", Dim: 1, Shards: 4, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
 		return err
 	}
-	d, err := cl.Describe(ctx, "demo_counts")
-	if err != nil {
-		return err
-	}
-	victim := d.Leaders[0].LeaderId
-	say("table demo_counts: shard 0 is led by %s; it will be killed half-way through training", victim)
+	// The victim is whoever leads shard 0 half-way through: leadership moves
+	// after creation (each shard's leader hands over to the placement's
+	// preferred leader), so it is looked up at the moment of the kill.
+	var victim string
+	say("table demo_counts: the node leading its shard 0 half-way through training will be killed")
 
 	var acked [counters]atomic.Int64
 	var failed atomic.Int64
@@ -158,6 +157,12 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 			return
 		case <-killNow:
 		}
+		d, err := cl.Describe(ctx, "demo_counts")
+		if err != nil || d.Leaders[0].LeaderId == "" {
+			fmt.Fprintf(out, "finding the leader of demo_counts/0: %v\n", err)
+			return
+		}
+		victim = d.Leaders[0].LeaderId
 		killedAt.Store(time.Now().UnixNano())
 		if err := c.stop(victim, syscall.SIGKILL, 5*time.Second); err != nil {
 			fmt.Fprintf(out, "killing %s: %v\n", victim, err)

@@ -79,10 +79,7 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	if target.Admin == req.Admin {
 		return nil
 	}
-	members := map[string]MemberInfo{}
-	for _, m := range n.Members() {
-		members[m.ID] = m
-	}
+	members := n.memberMap()
 	if req.Admin == shardpb.NodeAdmin_NODE_REMOVED {
 		if st := members[req.Id].State; st == StateAlive || st == StateSuspect {
 			return fmt.Errorf("%w: node %s is %s: drain it (raftps node drain %s), stop it, then remove it", ErrNodeConflict, req.Id, st, req.Id)
@@ -123,15 +120,12 @@ func (s *service) GetClusterMap(ctx context.Context, _ *shardpb.GetClusterMapReq
 // balanced with the tables already placed.
 func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTable, error) {
 	cm := n.metaFSM.clusterMap()
-	members := map[string]string{}
-	for _, m := range n.Members() {
-		members[m.ID] = m.State
-	}
+	members := n.memberMap()
 	var nodes []string
 	for _, nd := range cm.Nodes {
 		// Not dead: a node registered a moment ago may not be in this
 		// node's gossip view yet.
-		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && members[nd.Id] != StateDead {
+		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && members[nd.Id].State != StateDead {
 			nodes = append(nodes, nd.Id)
 		}
 	}

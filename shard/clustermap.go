@@ -294,3 +294,12 @@ func (m *metaFSM) tableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*
 func isReplica(sm *shardpb.ShardMap, id string) bool {
 	return sm != nil && slices.Contains(sm.Replicas, id)
 }
+
+// nodeAddrs maps each node of the map to its gRPC address.
+func nodeAddrs(cm *shardpb.ClusterMap) map[string]string {
+	out := make(map[string]string, len(cm.Nodes))
+	for _, nd := range cm.Nodes {
+		out[nd.Id] = nd.Addr
+	}
+	return out
+}

@@ -10,13 +10,7 @@ import (
 // wire contract: clients and servers must agree on it, so it never changes.
 // The key is mixed first so that sequential IDs spread evenly.
 func ShardOf(key uint64, n uint32) uint32 {
-	h := key
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return uint32(h % uint64(n))
+	return uint32(fmix64(key) % uint64(n))
 }
 
 // The wire carries keys and values as packed little-endian bytes. On the

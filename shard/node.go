@@ -314,6 +314,28 @@ func (n *Node) peerStub(addr string) (shardpb.ParameterServerClient, error) {
 // node's gossip view has it, sorted by ID.
 func (n *Node) Members() []MemberInfo { return n.members.Members() }
 
+// memberMap returns Members by node ID.
+func (n *Node) memberMap() map[string]MemberInfo {
+	out := map[string]MemberInfo{}
+	for _, m := range n.Members() {
+		out[m.ID] = m
+	}
+	return out
+}
+
+// leaderCount returns how many of this node's shard replicas lead.
+func (n *Node) leaderCount() uint32 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	c := uint32(0)
+	for _, g := range n.groups {
+		if g.IsLeader() {
+			c++
+		}
+	}
+	return c
+}
+
 // MetaRaft returns the metadata group's Raft instance.
 func (n *Node) MetaRaft() *raft.Raft { return n.meta.Raft }
 

@@ -66,15 +66,7 @@ func (n *Node) reconcileLoop() {
 		n.balanceLeaders(cm)
 		n.repairDrift(cm)
 		n.gcRetired(cm)
-		leaders := uint32(0)
-		n.mu.RLock()
-		for _, g := range n.groups {
-			if g.IsLeader() {
-				leaders++
-			}
-		}
-		n.mu.RUnlock()
-		n.members.setLocal(cm.Version, leaders)
+		n.members.setLocal(cm.Version, n.leaderCount())
 	}
 }
 
@@ -129,10 +121,7 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 	for _, t := range cm.Tables {
 		specs[t.Name] = t
 	}
-	addrOf := map[string]string{}
-	for _, nd := range cm.Nodes {
-		addrOf[nd.Id] = nd.Addr
-	}
+	addrOf := nodeAddrs(cm)
 	inMap := map[string]bool{}
 	for _, sm := range cm.Shards {
 		id := shardMapKey(sm)
@@ -247,14 +236,8 @@ func (n *Node) groupOpen(id string) bool {
 // balanceLeaders hands the leadership of groups this node leads to their
 // preferred leader when that is another live voter.
 func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
-	alive := map[string]MemberInfo{}
-	for _, m := range n.Members() {
-		alive[m.ID] = m
-	}
-	addrOf := map[string]string{}
-	for _, nd := range cm.Nodes {
-		addrOf[nd.Id] = nd.Addr
-	}
+	alive := n.memberMap()
+	addrOf := nodeAddrs(cm)
 	now := time.Now()
 	for _, sm := range cm.Shards {
 		if len(sm.Replicas) == 0 || sm.Replicas[0] == n.cfg.ID || sm.Adding != "" {
@@ -293,10 +276,7 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 // the map is the truth.
 func (n *Node) repairDrift(cm *shardpb.ClusterMap) {
 	now := time.Now()
-	addrOf := map[string]string{}
-	for _, nd := range cm.Nodes {
-		addrOf[nd.Id] = nd.Addr
-	}
+	addrOf := nodeAddrs(cm)
 	seen := map[string]bool{}
 	for _, sm := range cm.Shards {
 		id := shardMapKey(sm)

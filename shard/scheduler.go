@@ -115,6 +115,14 @@ type view struct {
 	now    time.Time
 }
 
+func (sc *scheduler) newView(cm *shardpb.ClusterMap) *view {
+	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: sc.n.memberMap(), grace: sc.n.cfg.RepairGrace, now: time.Now()}
+	for _, nd := range cm.Nodes {
+		v.nodes[nd.Id] = nd
+	}
+	return v
+}
+
 func (v *view) alive(id string) bool {
 	m, ok := v.member[id]
 	return ok && m.State == StateAlive
@@ -145,13 +153,7 @@ func (sc *scheduler) round(ctx context.Context) {
 	// The map is read after the metadata changes above (which may block),
 	// and every step re-checks its shard's epoch before it acts.
 	cm := n.metaFSM.clusterMap()
-	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: map[string]MemberInfo{}, grace: n.cfg.RepairGrace, now: time.Now()}
-	for _, nd := range cm.Nodes {
-		v.nodes[nd.Id] = nd
-	}
-	for _, m := range n.Members() {
-		v.member[m.ID] = m
-	}
+	v := sc.newView(cm)
 	var nodes []string
 	for _, nd := range cm.Nodes {
 		if v.placeable(nd.Id) {
@@ -490,13 +492,7 @@ func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.Re
 // map and gossip view of its own.
 func (sc *scheduler) metaChanges() {
 	cm := sc.n.metaFSM.clusterMap()
-	v := &view{nodes: map[string]*shardpb.ClusterNode{}, member: map[string]MemberInfo{}, grace: sc.n.cfg.RepairGrace, now: time.Now()}
-	for _, nd := range cm.Nodes {
-		v.nodes[nd.Id] = nd
-	}
-	for _, m := range sc.n.Members() {
-		v.member[m.ID] = m
-	}
+	v := sc.newView(cm)
 	sc.metaVoters(v)
 	sc.forgetRemoved(cm, v)
 }

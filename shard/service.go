@@ -489,10 +489,7 @@ func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.Stat
 	cm := n.metaFSM.clusterMap()
 	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version}
 	resp.Replicas = append(resp.Replicas, replicaStatus(metaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
-	members := map[string]MemberInfo{}
-	for _, m := range n.Members() {
-		members[m.ID] = m
-	}
+	members := n.memberMap()
 	live := func(id string) bool {
 		st := members[id].State
 		return st == StateAlive || st == StateSuspect
@@ -546,14 +543,7 @@ func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.Stat
 			info.Addr, info.Admin = nd.Addr, adminName(nd.Admin)
 		}
 		if id == n.cfg.ID {
-			info.Leaders = 0
-			n.mu.RLock()
-			for _, g := range n.groups {
-				if g.IsLeader() {
-					info.Leaders++
-				}
-			}
-			n.mu.RUnlock()
+			info.Leaders = n.leaderCount()
 		}
 		resp.Nodes = append(resp.Nodes, info)
 	}

@@ -614,11 +614,24 @@ func (g *Group) Pull(ctx context.Context, keys []uint64, out []float32, lineariz
 }
 
 func (g *Group) readIndex(ctx context.Context) error {
+	ix, err := g.ReadIndex(ctx)
+	if err != nil {
+		return err
+	}
+	return g.fsm.waitApplied(ctx, ix)
+}
+
+// ReadIndex is the leader's half of a read: it takes the commit index, then
+// confirms that it still leads (a heartbeat round to a majority, shared with
+// the reads queued beside it). Every write acknowledged before the call is
+// at or below the index it returns, on any replica: a follower that has
+// applied it can serve a read that must reflect those writes.
+func (g *Group) ReadIndex(ctx context.Context) (uint64, error) {
 	if g.raft.State() != raft.Leader {
-		return g.notLeader()
+		return 0, g.notLeader()
 	}
 	if term := g.readyTerm.Load(); term == 0 || term != g.raft.CurrentTerm() {
-		return fmt.Errorf("group %s: %w: still applying the log of earlier terms", g.cfg.ID, ErrLeaderNotReady)
+		return 0, fmt.Errorf("group %s: %w: still applying the log of earlier terms", g.cfg.ID, ErrLeaderNotReady)
 	}
 	term := g.readyTerm.Load()
 	ix := g.raft.CommitIndex()
@@ -635,21 +648,26 @@ func (g *Group) readIndex(ctx context.Context) error {
 		if err != nil {
 			switch {
 			case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrLeaderNotReady) || errors.Is(err, ErrGroupClosed):
-				return err
+				return 0, err
 			case errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost):
-				return g.notLeader()
+				return 0, g.notLeader()
 			case errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, ErrGroupClosed):
-				return g.closedErr()
+				return 0, g.closedErr()
 			case errors.Is(err, raft.ErrLeadershipTransferInProgress):
-				return fmt.Errorf("group %s: %w: leadership transfer in progress", g.cfg.ID, ErrLeaderNotReady)
+				return 0, fmt.Errorf("group %s: %w: leadership transfer in progress", g.cfg.ID, ErrLeaderNotReady)
 			}
-			return fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, err)
+			return 0, fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, err)
 		}
 	case <-ctx.Done():
-		return fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, ctx.Err())
+		return 0, fmt.Errorf("group %s: verifying leadership: %w", g.cfg.ID, ctx.Err())
 	case <-g.closed:
-		return g.closedErr()
+		return 0, g.closedErr()
 	}
+	return ix, nil
+}
+
+// WaitApplied returns once this replica has applied index ix, or ctx ends.
+func (g *Group) WaitApplied(ctx context.Context, ix uint64) error {
 	return g.fsm.waitApplied(ctx, ix)
 }
 

@@ -55,6 +55,7 @@ type Client struct {
 	maps    map[string]*tableMap // by table: its shards' replicas and epochs
 	leaders map[string]string    // group ID -> leader address
 	seqs    map[string]*atomic.Uint64
+	hot     map[string]*hotView // by table: hot keys and their read replicas
 }
 
 // NewClient returns a client of the cluster at cfg.Addrs. It connects lazily.
@@ -81,6 +82,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	return &Client{
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
 		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
+		hot: map[string]*hotView{},
 	}, nil
 }
 
@@ -121,7 +123,7 @@ func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
 func retryable(err error) bool {
 	return errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, replication.ErrLeaderNotReady) || errors.Is(err, replication.ErrUnknownOutcome) ||
-		errors.Is(err, replication.ErrGroupClosed) || stale(err)
+		errors.Is(err, replication.ErrGroupClosed) || errors.Is(err, ErrTooStale) || errors.Is(err, ErrNotHot) || stale(err)
 }
 
 // stale reports whether err says the client's map is out of date.
@@ -487,6 +489,28 @@ func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []fl
 
 // PullWith is Pull at an explicit consistency level (at least the table's).
 func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out []float32, level shardpb.Consistency) error {
+	return c.PullOpts(ctx, table, keys, out, PullOptions{Level: level})
+}
+
+// PullOptions choose the consistency of one pull.
+type PullOptions struct {
+	// Level: UNSPECIFIED is the table's. A stronger level than the table's
+	// is always allowed; a weaker one only with AllowWeaker.
+	Level shardpb.Consistency
+	// StalenessBound of a BOUNDED pull: tighter than the table's bound, or
+	// the bound of a bounded pull of an eventual table (or, with
+	// AllowWeaker, of a linearizable one). 0: the table's.
+	StalenessBound time.Duration
+	// AllowWeaker asks knowingly for less than the table promises.
+	AllowWeaker bool
+}
+
+// PullOpts is Pull with options. Linearizable pulls go to each shard's
+// leader. Bounded and eventual pulls are spread over each shard's replicas,
+// and the table's hot keys over their read replicas too; a replica that
+// cannot serve within the bound says so, and the part is asked again at
+// the shard's replicas, preferred leader first.
+func (c *Client) PullOpts(ctx context.Context, table string, keys []uint64, out []float32, o PullOptions) error {
 	spec, err := c.spec(ctx, table)
 	if err != nil {
 		return err
@@ -495,10 +519,18 @@ func (c *Client) PullWith(ctx context.Context, table string, keys []uint64, out 
 	if len(out) != len(keys)*dim {
 		return fmt.Errorf("raftps client: pull of %d keys of table %q (dim %d) into %d values", len(keys), table, dim, len(out))
 	}
+	level := o.Level
+	if level == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
+		level = spec.Consistency
+	}
+	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
+		return c.pullSpread(ctx, spec, keys, out, o)
+	}
 	sp := splitKeys(keys, spec.Shards)
 	parts := make([]*shardpb.PullRequest, spec.Shards)
 	for s := range parts {
-		parts[s] = &shardpb.PullRequest{Table: table, Shard: uint32(s), Keys: KeysBytes(sp.keys[s]), Consistency: level, Epoch: c.epoch(table, uint32(s))}
+		parts[s] = &shardpb.PullRequest{Table: table, Shard: uint32(s), Keys: KeysBytes(sp.keys[s]), Consistency: o.Level, Epoch: c.epoch(table, uint32(s)),
+			StalenessBoundNs: int64(o.StalenessBound), AllowWeaker: o.AllowWeaker}
 	}
 	// Each shard's answer stays as wire bytes; rows are copied from them
 	// straight into out, once, below.

@@ -41,6 +41,15 @@
 //     round's trainers join again. Joins are metadata log entries, applied in
 //     commit order, so ranks are assigned alike on every replica and the
 //     registry survives the loss of any minority of nodes.
+//   - Consistency levels (consistency.go): linearizable pulls by the leader;
+//     bounded pulls by any replica whose read lease (a read index it asked
+//     the leader for, then applied) is younger than the bound; eventual
+//     pulls by any replica not cut off. AlterTable changes a table's level.
+//     Per-node served-pull counters by role and level.
+//   - Hot keys (hot.go): per-shard space-saving counts of pulled keys,
+//     reported to the shard leader once a window; the leader's hot set and
+//     its read replicas outside the replica set, which copy the hot rows by
+//     linearizable reads and serve bounded and eventual pulls of them.
 //   - service: thin handlers. Each checks the request, calls the node or the
 //     shard's replication.Group, and converts the error with toStatus, the one
 //     table from sentinel errors to gRPC codes (errors.go). A request a
@@ -51,7 +60,9 @@
 //     epoch (refreshed when a node says the client's map is stale) and shard
 //     leaders, splits a
 //     batch by shard (ShardOf: a stable hash of the key), sends one
-//     PullBatch or PushBatch per node that leads some of them (a part the
+//     PullBatch or PushBatch per node that leads some of them (bounded and
+//     eventual pulls: per node ranked first for some of them, see
+//     clientspread.go) (a part the
 //     node cannot serve falls back to a per-shard call), puts rows back in
 //     the caller's order, and retries through leader changes with the same
 //     (client, seq), so a push whose outcome was unknown is applied at most
@@ -66,6 +77,15 @@
 // tracked in scheduler.inflight under scheduler.mu; its steps' context ends
 // when the node stops leading the metadata group. The
 // metadata FSM is applied on Raft's FSM goroutine; readers take its RWMutex.
-// The client's connection and leader caches are guarded by Client.mu; per
-// group sequence numbers are atomics.
+// The client's connection, leader and hot-set caches are guarded by
+// Client.mu; per group sequence numbers are atomics.
+//
+// Read leases: one per group (Node.leases under leaseMu), each with its own
+// mutex; at most one renewal runs per lease, and reads wait on its channel.
+// Hot keys: Node.hot.mu guards the maps of trackers, leader views and read
+// replicas; a tracker's sketch and a read replica's rows have their own
+// mutexes, taken after hot.mu when both are (the pull path takes only
+// theirs). hotLoop is the only goroutine that closes windows; each read
+// replica has one refresh goroutine, stopped by closing its stop channel
+// under hot.mu. Served counters are atomics.
 package shard

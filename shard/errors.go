@@ -57,6 +57,13 @@ var (
 	// ErrNotReplica: the node does not hold the shard (by its map). The
 	// client refreshes its map and retries at the shard's replicas.
 	ErrNotReplica = errors.New("not a replica of the shard")
+	// ErrTooStale: the replica cannot show that its state is within the
+	// staleness bound of the read (no fresh read lease: the leader is
+	// unreachable or the replica lags). The client asks another replica.
+	ErrTooStale = errors.New("replica too stale")
+	// ErrNotHot: a read replica of hot keys was asked for keys it does not
+	// hold, or its copy is too old to serve. The client asks the shard.
+	ErrNotHot = errors.New("not a read replica of the keys")
 )
 
 // codeOf is the one table from errors to gRPC codes. The first sentinel the
@@ -92,6 +99,8 @@ var codeOf = []struct {
 	{ErrNodeConflict, codes.FailedPrecondition},
 	{ErrStaleEpoch, codes.FailedPrecondition},
 	{ErrNotReplica, codes.FailedPrecondition},
+	{ErrTooStale, codes.Unavailable},
+	{ErrNotHot, codes.Unavailable},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }

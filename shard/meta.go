@@ -31,6 +31,7 @@ const (
 	metaSetNodeAdmin  byte = 6 // a *shardpb.SetNodeAdminRequest
 	metaForgetNode    byte = 7 // a *shardpb.SetNodeAdminRequest (id only)
 	metaSetShard      byte = 8 // a *shardpb.MetaSetShard
+	metaAlterTable    byte = 9 // a *shardpb.TableSpec: the whole new spec
 )
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
@@ -101,6 +102,8 @@ func (m *metaFSM) Apply(l *raft.Log) any {
 		return m.applyForget(arg)
 	case metaSetShard:
 		return m.applySetShard(arg)
+	case metaAlterTable:
+		return m.applyAlter(arg)
 	default:
 		return fmt.Errorf("meta: unknown command %d", cmd)
 	}
@@ -115,6 +118,36 @@ func (m *metaFSM) applyCreate(arg []byte) any {
 	if _, ok := m.tables[spec.Name]; ok {
 		m.mu.Unlock()
 		return fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
+	}
+	m.tables[spec.Name] = spec
+	m.changed()
+	m.mu.Unlock()
+	m.onChange()
+	return spec
+}
+
+// applyAlter replaces a table's spec with one that differs only in what
+// AlterTable may change: checked here, on the state it applies to, so an
+// alter decided on a spec that changed meanwhile cannot slip through.
+func (m *metaFSM) applyAlter(arg []byte) any {
+	spec := &shardpb.TableSpec{}
+	if err := proto.Unmarshal(arg, spec); err != nil {
+		return fmt.Errorf("meta: decoding table spec: %w", err)
+	}
+	if err := checkLevel(spec); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	old, ok := m.tables[spec.Name]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("table %q: %w", spec.Name, store.ErrUnknownTable)
+	}
+	fixed := proto.Clone(spec).(*shardpb.TableSpec)
+	fixed.Consistency, fixed.StalenessBoundNs, fixed.HotThreshold, fixed.HotReplicas = old.Consistency, old.StalenessBoundNs, old.HotThreshold, old.HotReplicas
+	if !proto.Equal(fixed, old) {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: table %q: only the consistency level, staleness bound and hot-key settings can be altered", store.ErrInvalidConfig, spec.Name)
 	}
 	m.tables[spec.Name] = spec
 	m.changed()

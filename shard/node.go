@@ -154,6 +154,14 @@ type Node struct {
 	// reconcileLoop uses it.
 	drift map[string]time.Time
 
+	// leases: each shard replica's read lease, for bounded reads.
+	leaseMu sync.Mutex
+	leases  map[string]*readLease
+	// served counts the pulls this node served; hot keeps the hot-key
+	// state of the shards this node leads or read-replicates.
+	served servedCounters
+	hot    hotState
+
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
 	wg     sync.WaitGroup
@@ -189,9 +197,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
 		groups:  map[string]*replication.Group{},
 		retired: map[string]bool{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
+		leases: map[string]*readLease{},
 		kick:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
 	}
+	n.hot.init()
 	n.mux, err = replication.NewMux(replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")})
 	if err != nil {
 		lis.Close()
@@ -264,6 +274,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 
 	n.wg.Go(n.reconcileLoop)
 	n.wg.Go(n.schedulerLoop)
+	n.wg.Go(n.hotLoop)
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
 		if err := n.startHTTP(); err != nil {
@@ -379,6 +390,7 @@ func (n *Node) closeGroup(id string) error {
 	g := n.groups[id]
 	delete(n.groups, id)
 	n.mu.Unlock()
+	n.dropLease(id)
 	if g == nil {
 		return nil
 	}

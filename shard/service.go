@@ -175,26 +175,40 @@ func (s *service) checkSize(what string, req proto.Message) error {
 	return nil
 }
 
+// Pull serves a pull at the table's level or the stronger one asked:
+// linearizable by the leader after a read-index check; bounded by any
+// replica holding a read lease within the bound (else ErrTooStale: the
+// client asks another), or by a read replica of the keys if they are hot;
+// eventual by any replica that has heard from a leader lately, or a read
+// replica.
 func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.PullResponse, error) {
 	if err := s.checkSize("pull", req); err != nil {
 		return nil, toStatus(err)
 	}
-	// Bounded staleness is not implemented yet (no tick entries, no staleness
-	// check), and normalizeSpec refuses bounded tables; refuse the level
-	// rather than serve it with an eventual table's weaker guarantee.
-	if req.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
-		return nil, toStatus(fmt.Errorf("%w: consistency %s is not available yet (linearizable or eventual)", ErrBadRequest, req.Consistency))
-	}
-	g, spec, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
+	spec, err := s.n.lookupSpec(ctx, req.Table, false)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	level := spec.Consistency
 	if req.Consistency != shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
-		if levelRank(req.Consistency) < levelRank(level) {
-			return nil, toStatus(fmt.Errorf("table %q is %s: %w: %s requested", req.Table, level, ErrWeakerConsistency, req.Consistency))
+		if levelRank(req.Consistency) == 0 {
+			return nil, toStatus(fmt.Errorf("%w: consistency %s", ErrBadRequest, req.Consistency))
+		}
+		if levelRank(req.Consistency) < levelRank(level) && !req.AllowWeaker {
+			return nil, toStatus(fmt.Errorf("table %q is %s: %w: %s requested (set allow_weaker to ask for it)", req.Table, levelName(level), ErrWeakerConsistency, levelName(req.Consistency)))
 		}
 		level = req.Consistency
+	}
+	bound := time.Duration(spec.StalenessBoundNs)
+	if level == shardpb.Consistency_CONSISTENCY_BOUNDED && req.StalenessBoundNs > 0 {
+		// A request may tighten the table's bound, or set one for a
+		// stronger table's bounded read; never loosen it silently.
+		if bound == 0 || time.Duration(req.StalenessBoundNs) < bound || req.AllowWeaker {
+			bound = time.Duration(req.StalenessBoundNs)
+		}
+	}
+	if level == shardpb.Consistency_CONSISTENCY_BOUNDED && bound <= 0 {
+		return nil, toStatus(fmt.Errorf("%w: a bounded read of %s table %q needs staleness_bound_ns", ErrBadRequest, levelName(spec.Consistency), req.Table))
 	}
 	keys, err := DecodeKeys(req.Keys, nil)
 	if err != nil {
@@ -206,20 +220,42 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	if need := len(keys) * int(spec.Dim) * 4; need > s.n.cfg.MaxMessageBytes {
 		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
-	out := make([]float32, len(keys)*int(spec.Dim))
-	// Anything but eventual takes the linearizable path: a bounded table
-	// (none can be created yet) is then served stronger than asked, which is
-	// always allowed, never weaker.
-	linearizable := level != shardpb.Consistency_CONSISTENCY_EVENTUAL
-	if !linearizable {
-		if err := s.n.followerFresh(g); err != nil {
-			return nil, toStatus(err)
+	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil {
+		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {
+			if err != nil {
+				s.n.served.refused(roleReadReplica, level)
+				return nil, toStatus(err)
+			}
+			s.n.served.served(roleReadReplica, level, len(keys))
+			s.n.countHot(spec, req.Shard, keys)
+			return &shardpb.PullResponse{Values: ValuesBytes(out), ServedBy: roleNames[roleReadReplica]}, nil
 		}
 	}
-	if err := g.Pull(ctx, keys, out, linearizable); err != nil {
+	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex()}, nil
+	role := roleFollower
+	if g.IsLeader() {
+		role = roleLeader
+	}
+	switch level {
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		err = s.n.boundedFresh(ctx, g, req.Table, req.Shard, bound)
+	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		err = s.n.followerFresh(g)
+	}
+	if err != nil {
+		s.n.served.refused(role, level)
+		return nil, toStatus(err)
+	}
+	out := make([]float32, len(keys)*int(spec.Dim))
+	if err := g.Pull(ctx, keys, out, level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+		return nil, toStatus(err)
+	}
+	s.n.served.served(role, level, len(keys))
+	s.n.countHot(spec, req.Shard, keys)
+	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex(), ServedBy: roleNames[role]}, nil
 }
 
 func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.PushResponse, error) {
@@ -487,7 +523,8 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
 	cm := n.metaFSM.clusterMap()
-	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version}
+	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version,
+		Hot: n.hotShards(""), Served: n.served.snapshot()}
 	resp.Replicas = append(resp.Replicas, replicaStatus(metaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
 	members := n.memberMap()
 	live := func(id string) bool {

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/raftps/raftps/shard/shardpb"
@@ -49,12 +50,79 @@ func normalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 		return nil, fmt.Errorf("%w: table %q: shards = %d (want 1..%d)", store.ErrInvalidConfig, s.Name, s.Shards, MaxShards)
 	case s.Replication != "raft":
 		return nil, fmt.Errorf("%w: table %q: replication = %q (only raft is available)", store.ErrInvalidConfig, s.Name, s.Replication)
-	case s.Consistency != shardpb.Consistency_CONSISTENCY_LINEARIZABLE && s.Consistency != shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		return nil, fmt.Errorf("%w: table %q: consistency %s is not available yet (linearizable or eventual)", store.ErrInvalidConfig, s.Name, s.Consistency)
-	case s.StalenessBoundNs != 0:
-		return nil, fmt.Errorf("%w: table %q: staleness bound %s given for a %s table", store.ErrInvalidConfig, s.Name, time.Duration(s.StalenessBoundNs), s.Consistency)
+	}
+	if err := checkLevel(s); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// Limits of the mutable settings of a table (see checkLevel).
+const (
+	MinStalenessBound  = 10 * time.Millisecond
+	MaxStalenessBound  = time.Hour
+	DefaultHotReplicas = 2
+	MaxHotReplicas     = 16
+)
+
+// checkLevel validates the settings AlterTable may change and fills their
+// defaults in place.
+func checkLevel(s *shardpb.TableSpec) error {
+	bound := time.Duration(s.StalenessBoundNs)
+	switch s.Consistency {
+	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE, shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		if bound != 0 {
+			return fmt.Errorf("%w: table %q: staleness bound %s given for a %s table", store.ErrInvalidConfig, s.Name, bound, levelName(s.Consistency))
+		}
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		if bound < MinStalenessBound || bound > MaxStalenessBound {
+			return fmt.Errorf("%w: table %q: staleness bound %s (want %s..%s)", store.ErrInvalidConfig, s.Name, bound, MinStalenessBound, MaxStalenessBound)
+		}
+	default:
+		return fmt.Errorf("%w: table %q: consistency %s", store.ErrInvalidConfig, s.Name, s.Consistency)
+	}
+	switch t := s.HotThreshold; {
+	case math.IsNaN(t) || math.IsInf(t, 0) || t < 0:
+		return fmt.Errorf("%w: table %q: hot threshold %v (want pulls a second >= 0; 0 turns hot keys off)", store.ErrInvalidConfig, s.Name, t)
+	case s.HotReplicas > MaxHotReplicas:
+		return fmt.Errorf("%w: table %q: hot replicas = %d (want 0..%d)", store.ErrInvalidConfig, s.Name, s.HotReplicas, MaxHotReplicas)
+	case t > 0 && s.HotReplicas == 0:
+		s.HotReplicas = DefaultHotReplicas
+	case t == 0:
+		s.HotReplicas = 0
+	}
+	return nil
+}
+
+// alterSpec returns spec changed as req asks, validated.
+func alterSpec(spec *shardpb.TableSpec, req *shardpb.AlterTableRequest) (*shardpb.TableSpec, error) {
+	s := proto.Clone(spec).(*shardpb.TableSpec)
+	if req.Consistency != shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
+		s.Consistency = req.Consistency
+		s.StalenessBoundNs = req.StalenessBoundNs
+	} else if req.StalenessBoundNs != 0 {
+		s.StalenessBoundNs = req.StalenessBoundNs
+	}
+	if req.SetHot {
+		s.HotThreshold, s.HotReplicas = req.HotThreshold, req.HotReplicas
+	}
+	if err := checkLevel(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// levelName is a level's name as the CLI spells it.
+func levelName(c shardpb.Consistency) string {
+	switch c {
+	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE:
+		return "linearizable"
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		return "bounded"
+	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		return "eventual"
+	}
+	return c.String()
 }
 
 // tableConfig is the store config of every shard of the table.

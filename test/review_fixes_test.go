@@ -107,9 +107,9 @@ func TestReviewMessageLimits(t *testing.T) {
 	}
 }
 
-// TestReviewBoundedAndBadRequest: a bounded table cannot be created, and a
-// bounded pull (of an eventual table) is refused rather than served as
-// eventual. The refusal is a shard-level bad request, which the client maps
+// TestReviewBoundedAndBadRequest: a bounded table with a bound below the
+// minimum cannot be created, and a bounded pull of an eventual table that
+// names no bound is refused rather than served as eventual. The refusal is a shard-level bad request, which the client maps
 // back to shard.ErrBadRequest and not to replication.ErrBadRequest (their
 // texts used to be equal, so it came back as the replication one).
 func TestReviewBoundedAndBadRequest(t *testing.T) {
@@ -118,9 +118,9 @@ func TestReviewBoundedAndBadRequest(t *testing.T) {
 	ctx := context.Background()
 	spec := counterSpec("ev", 2)
 	spec.Consistency = shardpb.Consistency_CONSISTENCY_BOUNDED
-	spec.StalenessBoundNs = int64(100 * time.Millisecond)
+	spec.StalenessBoundNs = int64(time.Millisecond) // below the 10ms minimum
 	if _, err := cl.CreateTable(ctx, spec); !errors.Is(err, store.ErrInvalidConfig) {
-		t.Fatalf("creating a bounded table: got %v, want ErrInvalidConfig", err)
+		t.Fatalf("creating a bounded:1ms table: got %v, want ErrInvalidConfig", err)
 	}
 	spec = counterSpec("ev", 2)
 	spec.Consistency = shardpb.Consistency_CONSISTENCY_EVENTUAL
@@ -128,11 +128,15 @@ func TestReviewBoundedAndBadRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := make([]float32, 2)
+	// A bounded pull of an eventual table must say its bound.
 	err := cl.PullWith(ctx, "ev", []uint64{1}, out, shardpb.Consistency_CONSISTENCY_BOUNDED)
 	var re *shard.RemoteError
 	if !errors.Is(err, shard.ErrBadRequest) || errors.Is(err, replication.ErrBadRequest) ||
-		!errors.As(err, &re) || re.Code != codes.InvalidArgument || !strings.Contains(err.Error(), "not available yet") {
-		t.Fatalf("bounded pull: got %v, want InvalidArgument shard.ErrBadRequest only", err)
+		!errors.As(err, &re) || re.Code != codes.InvalidArgument || !strings.Contains(err.Error(), "staleness_bound_ns") {
+		t.Fatalf("bounded pull without a bound: got %v, want InvalidArgument shard.ErrBadRequest only", err)
+	}
+	if err := cl.PullOpts(ctx, "ev", []uint64{1}, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: 50 * time.Millisecond}); err != nil {
+		t.Fatalf("bounded:50ms pull of an eventual table: %v", err)
 	}
 	// Stronger than the table's level still works.
 	if err := cl.PullWith(ctx, "ev", []uint64{1}, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {

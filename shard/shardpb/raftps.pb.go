@@ -198,7 +198,13 @@ type TableSpec struct {
 	StalenessBoundNs int64  `protobuf:"varint,8,opt,name=staleness_bound_ns,json=stalenessBoundNs,proto3" json:"staleness_bound_ns,omitempty"`
 	Replicas         uint32 `protobuf:"varint,9,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	// "raft" (the default) or "chain".
-	Replication   string `protobuf:"bytes,10,opt,name=replication,proto3" json:"replication,omitempty"`
+	Replication string `protobuf:"bytes,10,opt,name=replication,proto3" json:"replication,omitempty"`
+	// Hot keys: a key pulled at least hot_threshold times a second (over all
+	// replicas of its shard) is hot; 0 turns detection off.
+	HotThreshold float64 `protobuf:"fixed64,11,opt,name=hot_threshold,json=hotThreshold,proto3" json:"hot_threshold,omitempty"`
+	// Read replicas of each shard's hot keys, on nodes outside its replica
+	// set; 0 with a threshold set means the default (2).
+	HotReplicas   uint32 `protobuf:"varint,12,opt,name=hot_replicas,json=hotReplicas,proto3" json:"hot_replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,18 +309,39 @@ func (x *TableSpec) GetReplication() string {
 	return ""
 }
 
+func (x *TableSpec) GetHotThreshold() float64 {
+	if x != nil {
+		return x.HotThreshold
+	}
+	return 0
+}
+
+func (x *TableSpec) GetHotReplicas() uint32 {
+	if x != nil {
+		return x.HotReplicas
+	}
+	return 0
+}
+
 type PullRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
 	Shard uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
 	// Little-endian uint64 keys, all of this shard.
 	Keys []byte `protobuf:"bytes,3,opt,name=keys,proto3" json:"keys,omitempty"`
-	// Stronger than the table's level is allowed; weaker is refused.
+	// Stronger than the table's level is allowed; weaker is refused
+	// unless allow_weaker is set.
 	Consistency Consistency `protobuf:"varint,4,opt,name=consistency,proto3,enum=raftps.v1.Consistency" json:"consistency,omitempty"`
 	// The shard's map epoch as the client knows it (0: unknown, not checked).
 	// A node with a newer map refuses an older epoch (FAILED_PRECONDITION,
 	// "stale shard map"); the client refreshes its map and retries.
-	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// For a BOUNDED read: a tighter bound than the table's, or the bound of a
+	// bounded read of an eventual table. A looser one is served at the
+	// table's bound (stronger, always allowed) unless allow_weaker is set.
+	StalenessBoundNs int64 `protobuf:"varint,6,opt,name=staleness_bound_ns,json=stalenessBoundNs,proto3" json:"staleness_bound_ns,omitempty"`
+	// Ask for a weaker level (or looser bound) than the table's, knowingly.
+	AllowWeaker   bool `protobuf:"varint,7,opt,name=allow_weaker,json=allowWeaker,proto3" json:"allow_weaker,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,12 +411,28 @@ func (x *PullRequest) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *PullRequest) GetStalenessBoundNs() int64 {
+	if x != nil {
+		return x.StalenessBoundNs
+	}
+	return 0
+}
+
+func (x *PullRequest) GetAllowWeaker() bool {
+	if x != nil {
+		return x.AllowWeaker
+	}
+	return false
+}
+
 type PullResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Little-endian float32 values: one row of dim values per key, in request order.
 	Values []byte `protobuf:"bytes,1,opt,name=values,proto3" json:"values,omitempty"`
 	// The index of the last log entry the answering replica had applied.
-	AppliedIndex  uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// Who served it: "leader", "follower" or "read-replica".
+	ServedBy      string `protobuf:"bytes,3,opt,name=served_by,json=servedBy,proto3" json:"served_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +479,13 @@ func (x *PullResponse) GetAppliedIndex() uint64 {
 		return x.AppliedIndex
 	}
 	return 0
+}
+
+func (x *PullResponse) GetServedBy() string {
+	if x != nil {
+		return x.ServedBy
+	}
+	return ""
 }
 
 type PushRequest struct {
@@ -1231,8 +1281,12 @@ type StatusResponse struct {
 	UnderReplicated uint32 `protobuf:"varint,6,opt,name=under_replicated,json=underReplicated,proto3" json:"under_replicated,omitempty"`
 	// The answering node's cluster map version, and the shards being moved:
 	// a replica is being added to them (caught up, then made a voter).
-	MapVersion    uint64      `protobuf:"varint,7,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
-	Moving        []*ShardMap `protobuf:"bytes,8,rep,name=moving,proto3" json:"moving,omitempty"`
+	MapVersion uint64      `protobuf:"varint,7,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Moving     []*ShardMap `protobuf:"bytes,8,rep,name=moving,proto3" json:"moving,omitempty"`
+	// The hot sets of the shards this node leads.
+	Hot []*HotShard `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
+	// Pulls this node served, by role and consistency level, since it started.
+	Served        []*ServedCount `protobuf:"bytes,10,rep,name=served,proto3" json:"served,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1323,6 +1377,901 @@ func (x *StatusResponse) GetMoving() []*ShardMap {
 	return nil
 }
 
+func (x *StatusResponse) GetHot() []*HotShard {
+	if x != nil {
+		return x.Hot
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetServed() []*ServedCount {
+	if x != nil {
+		return x.Served
+	}
+	return nil
+}
+
+// ServedCount counts the pulls one node served in one role ("leader",
+// "follower", "read-replica") at one level ("linearizable", "bounded",
+// "eventual"), and the pulls it refused as too stale (the client went
+// elsewhere).
+type ServedCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Level         string                 `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	Requests      uint64                 `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	Rows          uint64                 `protobuf:"varint,4,opt,name=rows,proto3" json:"rows,omitempty"`
+	Refused       uint64                 `protobuf:"varint,5,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServedCount) Reset() {
+	*x = ServedCount{}
+	mi := &file_raftps_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServedCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServedCount) ProtoMessage() {}
+
+func (x *ServedCount) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServedCount.ProtoReflect.Descriptor instead.
+func (*ServedCount) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ServedCount) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ServedCount) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *ServedCount) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *ServedCount) GetRows() uint64 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *ServedCount) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+type AlterTableRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The new level; UNSPECIFIED keeps the table's.
+	Consistency      Consistency `protobuf:"varint,2,opt,name=consistency,proto3,enum=raftps.v1.Consistency" json:"consistency,omitempty"`
+	StalenessBoundNs int64       `protobuf:"varint,3,opt,name=staleness_bound_ns,json=stalenessBoundNs,proto3" json:"staleness_bound_ns,omitempty"`
+	// Set these only when set_hot is true (0 is a meaningful threshold).
+	SetHot        bool    `protobuf:"varint,4,opt,name=set_hot,json=setHot,proto3" json:"set_hot,omitempty"`
+	HotThreshold  float64 `protobuf:"fixed64,5,opt,name=hot_threshold,json=hotThreshold,proto3" json:"hot_threshold,omitempty"`
+	HotReplicas   uint32  `protobuf:"varint,6,opt,name=hot_replicas,json=hotReplicas,proto3" json:"hot_replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterTableRequest) Reset() {
+	*x = AlterTableRequest{}
+	mi := &file_raftps_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterTableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterTableRequest) ProtoMessage() {}
+
+func (x *AlterTableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterTableRequest.ProtoReflect.Descriptor instead.
+func (*AlterTableRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AlterTableRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AlterTableRequest) GetConsistency() Consistency {
+	if x != nil {
+		return x.Consistency
+	}
+	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+func (x *AlterTableRequest) GetStalenessBoundNs() int64 {
+	if x != nil {
+		return x.StalenessBoundNs
+	}
+	return 0
+}
+
+func (x *AlterTableRequest) GetSetHot() bool {
+	if x != nil {
+		return x.SetHot
+	}
+	return false
+}
+
+func (x *AlterTableRequest) GetHotThreshold() float64 {
+	if x != nil {
+		return x.HotThreshold
+	}
+	return 0
+}
+
+func (x *AlterTableRequest) GetHotReplicas() uint32 {
+	if x != nil {
+		return x.HotReplicas
+	}
+	return 0
+}
+
+type AlterTableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Spec          *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterTableResponse) Reset() {
+	*x = AlterTableResponse{}
+	mi := &file_raftps_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterTableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterTableResponse) ProtoMessage() {}
+
+func (x *AlterTableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterTableResponse.ProtoReflect.Descriptor instead.
+func (*AlterTableResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AlterTableResponse) GetSpec() *TableSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+type ReadIndexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadIndexRequest) Reset() {
+	*x = ReadIndexRequest{}
+	mi := &file_raftps_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadIndexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadIndexRequest) ProtoMessage() {}
+
+func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
+func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReadIndexRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ReadIndexRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+type ReadIndexResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadIndexResponse) Reset() {
+	*x = ReadIndexResponse{}
+	mi := &file_raftps_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadIndexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadIndexResponse) ProtoMessage() {}
+
+func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
+func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReadIndexResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type ReportHotRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Table  string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard  uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	NodeId string                 `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Little-endian uint64 keys and their pull counts in the window.
+	Keys          []byte   `protobuf:"bytes,4,opt,name=keys,proto3" json:"keys,omitempty"`
+	Counts        []uint64 `protobuf:"varint,5,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHotRequest) Reset() {
+	*x = ReportHotRequest{}
+	mi := &file_raftps_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHotRequest) ProtoMessage() {}
+
+func (x *ReportHotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHotRequest.ProtoReflect.Descriptor instead.
+func (*ReportHotRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReportHotRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ReportHotRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ReportHotRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReportHotRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ReportHotRequest) GetCounts() []uint64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+type ReportHotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHotResponse) Reset() {
+	*x = ReportHotResponse{}
+	mi := &file_raftps_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHotResponse) ProtoMessage() {}
+
+func (x *ReportHotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHotResponse.ProtoReflect.Descriptor instead.
+func (*ReportHotResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{25}
+}
+
+type AssignHotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	// The leader's hot set version (newer replaces older) and term.
+	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Term    uint64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	// Little-endian uint64 keys; none: stop being a read replica.
+	Keys          []byte `protobuf:"bytes,5,opt,name=keys,proto3" json:"keys,omitempty"`
+	LeaderAddr    string `protobuf:"bytes,6,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignHotRequest) Reset() {
+	*x = AssignHotRequest{}
+	mi := &file_raftps_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignHotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignHotRequest) ProtoMessage() {}
+
+func (x *AssignHotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignHotRequest.ProtoReflect.Descriptor instead.
+func (*AssignHotRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *AssignHotRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *AssignHotRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *AssignHotRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *AssignHotRequest) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *AssignHotRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *AssignHotRequest) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+type AssignHotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignHotResponse) Reset() {
+	*x = AssignHotResponse{}
+	mi := &file_raftps_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignHotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignHotResponse) ProtoMessage() {}
+
+func (x *AssignHotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignHotResponse.ProtoReflect.Descriptor instead.
+func (*AssignHotResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{27}
+}
+
+type HotRowsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	Keys          []byte                 `protobuf:"bytes,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotRowsRequest) Reset() {
+	*x = HotRowsRequest{}
+	mi := &file_raftps_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotRowsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotRowsRequest) ProtoMessage() {}
+
+func (x *HotRowsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotRowsRequest.ProtoReflect.Descriptor instead.
+func (*HotRowsRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HotRowsRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *HotRowsRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *HotRowsRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type HotRowsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []byte                 `protobuf:"bytes,1,opt,name=values,proto3" json:"values,omitempty"`
+	AppliedIndex  uint64                 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotRowsResponse) Reset() {
+	*x = HotRowsResponse{}
+	mi := &file_raftps_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotRowsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotRowsResponse) ProtoMessage() {}
+
+func (x *HotRowsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotRowsResponse.ProtoReflect.Descriptor instead.
+func (*HotRowsResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *HotRowsResponse) GetValues() []byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *HotRowsResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+type HotKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: every table.
+	Table         string `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotKeysRequest) Reset() {
+	*x = HotKeysRequest{}
+	mi := &file_raftps_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotKeysRequest) ProtoMessage() {}
+
+func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotKeysRequest.ProtoReflect.Descriptor instead.
+func (*HotKeysRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *HotKeysRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+type HotKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shards        []*HotShard            `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotKeysResponse) Reset() {
+	*x = HotKeysResponse{}
+	mi := &file_raftps_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotKeysResponse) ProtoMessage() {}
+
+func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotKeysResponse.ProtoReflect.Descriptor instead.
+func (*HotKeysResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *HotKeysResponse) GetShards() []*HotShard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// HotShard is a shard's hot set as its leader has it.
+type HotShard struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Table   string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shard   uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	Version uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Keys    []*HotKey              `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The read replicas' node IDs and gRPC addresses.
+	ReplicaIds    []string `protobuf:"bytes,5,rep,name=replica_ids,json=replicaIds,proto3" json:"replica_ids,omitempty"`
+	ReplicaAddrs  []string `protobuf:"bytes,6,rep,name=replica_addrs,json=replicaAddrs,proto3" json:"replica_addrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotShard) Reset() {
+	*x = HotShard{}
+	mi := &file_raftps_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotShard) ProtoMessage() {}
+
+func (x *HotShard) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotShard.ProtoReflect.Descriptor instead.
+func (*HotShard) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *HotShard) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *HotShard) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *HotShard) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *HotShard) GetKeys() []*HotKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *HotShard) GetReplicaIds() []string {
+	if x != nil {
+		return x.ReplicaIds
+	}
+	return nil
+}
+
+func (x *HotShard) GetReplicaAddrs() []string {
+	if x != nil {
+		return x.ReplicaAddrs
+	}
+	return nil
+}
+
+type HotKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Pulls a second over the last window, all replicas together.
+	Rate          float64 `protobuf:"fixed64,2,opt,name=rate,proto3" json:"rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotKey) Reset() {
+	*x = HotKey{}
+	mi := &file_raftps_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotKey) ProtoMessage() {}
+
+func (x *HotKey) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotKey.ProtoReflect.Descriptor instead.
+func (*HotKey) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *HotKey) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *HotKey) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
 // NodeInfo is one node as the answering node sees it.
 type NodeInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1344,7 +2293,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_raftps_proto_msgTypes[19]
+	mi := &file_raftps_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +2305,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[19]
+	mi := &file_raftps_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +2318,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{19}
+	return file_raftps_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -1436,7 +2385,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_raftps_proto_msgTypes[20]
+	mi := &file_raftps_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +2397,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[20]
+	mi := &file_raftps_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +2410,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{20}
+	return file_raftps_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReplicaStatus) GetGroup() string {
@@ -1561,7 +2510,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_raftps_proto_msgTypes[21]
+	mi := &file_raftps_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +2522,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[21]
+	mi := &file_raftps_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +2535,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{21}
+	return file_raftps_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NotLeader) GetGroup() string {
@@ -1635,7 +2584,7 @@ type JoinJobRequest struct {
 
 func (x *JoinJobRequest) Reset() {
 	*x = JoinJobRequest{}
-	mi := &file_raftps_proto_msgTypes[22]
+	mi := &file_raftps_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +2596,7 @@ func (x *JoinJobRequest) String() string {
 func (*JoinJobRequest) ProtoMessage() {}
 
 func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[22]
+	mi := &file_raftps_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +2609,7 @@ func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobRequest.ProtoReflect.Descriptor instead.
 func (*JoinJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{22}
+	return file_raftps_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinJobRequest) GetJob() string {
@@ -1701,7 +2650,7 @@ type JoinJobResponse struct {
 
 func (x *JoinJobResponse) Reset() {
 	*x = JoinJobResponse{}
-	mi := &file_raftps_proto_msgTypes[23]
+	mi := &file_raftps_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +2662,7 @@ func (x *JoinJobResponse) String() string {
 func (*JoinJobResponse) ProtoMessage() {}
 
 func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[23]
+	mi := &file_raftps_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +2675,7 @@ func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobResponse.ProtoReflect.Descriptor instead.
 func (*JoinJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{23}
+	return file_raftps_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JoinJobResponse) GetRank() uint32 {
@@ -1752,7 +2701,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_raftps_proto_msgTypes[24]
+	mi := &file_raftps_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +2713,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[24]
+	mi := &file_raftps_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +2726,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{24}
+	return file_raftps_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetJobRequest) GetJob() string {
@@ -1798,7 +2747,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_raftps_proto_msgTypes[25]
+	mi := &file_raftps_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +2759,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[25]
+	mi := &file_raftps_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +2772,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{25}
+	return file_raftps_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -1849,7 +2798,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +2810,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2823,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{26}
+	return file_raftps_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteJobRequest) GetJob() string {
@@ -1892,7 +2841,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2853,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2866,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{27}
+	return file_raftps_proto_rawDescGZIP(), []int{42}
 }
 
 // Job is a trainer job's current round, as the metadata group stores it.
@@ -1934,7 +2883,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2895,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2908,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{28}
+	return file_raftps_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Job) GetName() string {
@@ -2000,7 +2949,7 @@ type JobMember struct {
 
 func (x *JobMember) Reset() {
 	*x = JobMember{}
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2961,7 @@ func (x *JobMember) String() string {
 func (*JobMember) ProtoMessage() {}
 
 func (x *JobMember) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2974,7 @@ func (x *JobMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobMember.ProtoReflect.Descriptor instead.
 func (*JobMember) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{29}
+	return file_raftps_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *JobMember) GetRank() uint32 {
@@ -2059,7 +3008,7 @@ type MetaSnapshot struct {
 
 func (x *MetaSnapshot) Reset() {
 	*x = MetaSnapshot{}
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +3020,7 @@ func (x *MetaSnapshot) String() string {
 func (*MetaSnapshot) ProtoMessage() {}
 
 func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +3033,7 @@ func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSnapshot.ProtoReflect.Descriptor instead.
 func (*MetaSnapshot) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{30}
+	return file_raftps_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MetaSnapshot) GetTables() []*TableSpec {
@@ -2136,7 +3085,7 @@ type ClusterNode struct {
 
 func (x *ClusterNode) Reset() {
 	*x = ClusterNode{}
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +3097,7 @@ func (x *ClusterNode) String() string {
 func (*ClusterNode) ProtoMessage() {}
 
 func (x *ClusterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +3110,7 @@ func (x *ClusterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
 func (*ClusterNode) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{31}
+	return file_raftps_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ClusterNode) GetId() string {
@@ -2209,7 +3158,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +3170,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +3183,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{32}
+	return file_raftps_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ShardMap) GetTable() string {
@@ -2285,7 +3234,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2297,7 +3246,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2310,7 +3259,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{33}
+	return file_raftps_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClusterMap) GetVersion() uint64 {
@@ -2350,7 +3299,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +3311,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +3324,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{34}
+	return file_raftps_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *JoinClusterRequest) GetNode() *ClusterNode {
@@ -2394,7 +3343,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +3355,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +3368,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{35}
+	return file_raftps_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JoinClusterResponse) GetMapVersion() uint64 {
@@ -2439,7 +3388,7 @@ type SetNodeAdminRequest struct {
 
 func (x *SetNodeAdminRequest) Reset() {
 	*x = SetNodeAdminRequest{}
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +3400,7 @@ func (x *SetNodeAdminRequest) String() string {
 func (*SetNodeAdminRequest) ProtoMessage() {}
 
 func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +3413,7 @@ func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{36}
+	return file_raftps_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetNodeAdminRequest) GetId() string {
@@ -2489,7 +3438,7 @@ type SetNodeAdminResponse struct {
 
 func (x *SetNodeAdminResponse) Reset() {
 	*x = SetNodeAdminResponse{}
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +3450,7 @@ func (x *SetNodeAdminResponse) String() string {
 func (*SetNodeAdminResponse) ProtoMessage() {}
 
 func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +3463,7 @@ func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{37}
+	return file_raftps_proto_rawDescGZIP(), []int{52}
 }
 
 type GetClusterMapRequest struct {
@@ -2525,7 +3474,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2537,7 +3486,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2550,7 +3499,7 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{38}
+	return file_raftps_proto_rawDescGZIP(), []int{53}
 }
 
 // MetaSetShard is the metadata command that changes one shard's entry, if
@@ -2568,7 +3517,7 @@ type MetaSetShard struct {
 
 func (x *MetaSetShard) Reset() {
 	*x = MetaSetShard{}
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +3529,7 @@ func (x *MetaSetShard) String() string {
 func (*MetaSetShard) ProtoMessage() {}
 
 func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +3542,7 @@ func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSetShard.ProtoReflect.Descriptor instead.
 func (*MetaSetShard) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{39}
+	return file_raftps_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MetaSetShard) GetTable() string {
@@ -2643,7 +3592,7 @@ type MetaCreateTable struct {
 
 func (x *MetaCreateTable) Reset() {
 	*x = MetaCreateTable{}
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +3604,7 @@ func (x *MetaCreateTable) String() string {
 func (*MetaCreateTable) ProtoMessage() {}
 
 func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +3617,7 @@ func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCreateTable.ProtoReflect.Descriptor instead.
 func (*MetaCreateTable) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{40}
+	return file_raftps_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *MetaCreateTable) GetSpec() *TableSpec {
@@ -2703,7 +3652,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +3664,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +3677,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{41}
+	return file_raftps_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReconfigureRequest) GetTable() string {
@@ -2789,7 +3738,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +3750,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +3763,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{42}
+	return file_raftps_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReconfigureResponse) GetState() string {
@@ -2863,7 +3812,7 @@ var File_raftps_proto protoreflect.FileDescriptor
 
 const file_raftps_proto_rawDesc = "" +
 	"\n" +
-	"\fraftps.proto\x12\traftps.v1\"\xc3\x02\n" +
+	"\fraftps.proto\x12\traftps.v1\"\x8b\x03\n" +
 	"\tTableSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03dim\x18\x02 \x01(\rR\x03dim\x12 \n" +
@@ -2875,16 +3824,21 @@ const file_raftps_proto_rawDesc = "" +
 	"\x12staleness_bound_ns\x18\b \x01(\x03R\x10stalenessBoundNs\x12\x1a\n" +
 	"\breplicas\x18\t \x01(\rR\breplicas\x12 \n" +
 	"\vreplication\x18\n" +
-	" \x01(\tR\vreplication\"\x9d\x01\n" +
+	" \x01(\tR\vreplication\x12#\n" +
+	"\rhot_threshold\x18\v \x01(\x01R\fhotThreshold\x12!\n" +
+	"\fhot_replicas\x18\f \x01(\rR\vhotReplicas\"\xee\x01\n" +
 	"\vPullRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
 	"\x04keys\x18\x03 \x01(\fR\x04keys\x128\n" +
 	"\vconsistency\x18\x04 \x01(\x0e2\x16.raftps.v1.ConsistencyR\vconsistency\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"K\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12,\n" +
+	"\x12staleness_bound_ns\x18\x06 \x01(\x03R\x10stalenessBoundNs\x12!\n" +
+	"\fallow_weaker\x18\a \x01(\bR\vallowWeaker\"h\n" +
 	"\fPullResponse\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x12#\n" +
-	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\xa8\x01\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x1b\n" +
+	"\tserved_by\x18\x03 \x01(\tR\bservedBy\"\xa8\x01\n" +
 	"\vPushRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1b\n" +
@@ -2929,7 +3883,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\x11ListTablesRequest\"B\n" +
 	"\x12ListTablesResponse\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"\x0f\n" +
-	"\rStatusRequest\"\xbb\x02\n" +
+	"\rStatusRequest\"\x92\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
@@ -2939,7 +3893,68 @@ const file_raftps_proto_rawDesc = "" +
 	"\x10under_replicated\x18\x06 \x01(\rR\x0funderReplicated\x12\x1f\n" +
 	"\vmap_version\x18\a \x01(\x04R\n" +
 	"mapVersion\x12+\n" +
-	"\x06moving\x18\b \x03(\v2\x13.raftps.v1.ShardMapR\x06moving\"\x90\x01\n" +
+	"\x06moving\x18\b \x03(\v2\x13.raftps.v1.ShardMapR\x06moving\x12%\n" +
+	"\x03hot\x18\t \x03(\v2\x13.raftps.v1.HotShardR\x03hot\x12.\n" +
+	"\x06served\x18\n" +
+	" \x03(\v2\x16.raftps.v1.ServedCountR\x06served\"\x81\x01\n" +
+	"\vServedCount\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x1a\n" +
+	"\brequests\x18\x03 \x01(\x04R\brequests\x12\x12\n" +
+	"\x04rows\x18\x04 \x01(\x04R\x04rows\x12\x18\n" +
+	"\arefused\x18\x05 \x01(\x04R\arefused\"\xf0\x01\n" +
+	"\x11AlterTableRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x128\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x16.raftps.v1.ConsistencyR\vconsistency\x12,\n" +
+	"\x12staleness_bound_ns\x18\x03 \x01(\x03R\x10stalenessBoundNs\x12\x17\n" +
+	"\aset_hot\x18\x04 \x01(\bR\x06setHot\x12#\n" +
+	"\rhot_threshold\x18\x05 \x01(\x01R\fhotThreshold\x12!\n" +
+	"\fhot_replicas\x18\x06 \x01(\rR\vhotReplicas\">\n" +
+	"\x12AlterTableResponse\x12(\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\">\n" +
+	"\x10ReadIndexRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\")\n" +
+	"\x11ReadIndexResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x83\x01\n" +
+	"\x10ReportHotRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04keys\x18\x04 \x01(\fR\x04keys\x12\x16\n" +
+	"\x06counts\x18\x05 \x03(\x04R\x06counts\"\x13\n" +
+	"\x11ReportHotResponse\"\xa1\x01\n" +
+	"\x10AssignHotRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x12\n" +
+	"\x04term\x18\x04 \x01(\x04R\x04term\x12\x12\n" +
+	"\x04keys\x18\x05 \x01(\fR\x04keys\x12\x1f\n" +
+	"\vleader_addr\x18\x06 \x01(\tR\n" +
+	"leaderAddr\"\x13\n" +
+	"\x11AssignHotResponse\"P\n" +
+	"\x0eHotRowsRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
+	"\x04keys\x18\x03 \x01(\fR\x04keys\"N\n" +
+	"\x0fHotRowsResponse\x12\x16\n" +
+	"\x06values\x18\x01 \x01(\fR\x06values\x12#\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"&\n" +
+	"\x0eHotKeysRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\">\n" +
+	"\x0fHotKeysResponse\x12+\n" +
+	"\x06shards\x18\x01 \x03(\v2\x13.raftps.v1.HotShardR\x06shards\"\xbd\x01\n" +
+	"\bHotShard\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12%\n" +
+	"\x04keys\x18\x04 \x03(\v2\x11.raftps.v1.HotKeyR\x04keys\x12\x1f\n" +
+	"\vreplica_ids\x18\x05 \x03(\tR\n" +
+	"replicaIds\x12#\n" +
+	"\rreplica_addrs\x18\x06 \x03(\tR\freplicaAddrs\".\n" +
+	"\x06HotKey\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x12\n" +
+	"\x04rate\x18\x02 \x01(\x01R\x04rate\"\x90\x01\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -3063,7 +4078,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\rReconfigureOp\x12\x15\n" +
 	"\x11RECONFIGURE_QUERY\x10\x00\x12\x13\n" +
 	"\x0fRECONFIGURE_ADD\x10\x01\x12\x16\n" +
-	"\x12RECONFIGURE_REMOVE\x10\x022\xbe\b\n" +
+	"\x12RECONFIGURE_REMOVE\x10\x022\xe5\v\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -3080,7 +4095,14 @@ const file_raftps_proto_rawDesc = "" +
 	"\vJoinCluster\x12\x1d.raftps.v1.JoinClusterRequest\x1a\x1e.raftps.v1.JoinClusterResponse\x12O\n" +
 	"\fSetNodeAdmin\x12\x1e.raftps.v1.SetNodeAdminRequest\x1a\x1f.raftps.v1.SetNodeAdminResponse\x12G\n" +
 	"\rGetClusterMap\x12\x1f.raftps.v1.GetClusterMapRequest\x1a\x15.raftps.v1.ClusterMap\x12L\n" +
-	"\vReconfigure\x12\x1d.raftps.v1.ReconfigureRequest\x1a\x1e.raftps.v1.ReconfigureResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\vReconfigure\x12\x1d.raftps.v1.ReconfigureRequest\x1a\x1e.raftps.v1.ReconfigureResponse\x12I\n" +
+	"\n" +
+	"AlterTable\x12\x1c.raftps.v1.AlterTableRequest\x1a\x1d.raftps.v1.AlterTableResponse\x12F\n" +
+	"\tReadIndex\x12\x1b.raftps.v1.ReadIndexRequest\x1a\x1c.raftps.v1.ReadIndexResponse\x12F\n" +
+	"\tReportHot\x12\x1b.raftps.v1.ReportHotRequest\x1a\x1c.raftps.v1.ReportHotResponse\x12F\n" +
+	"\tAssignHot\x12\x1b.raftps.v1.AssignHotRequest\x1a\x1c.raftps.v1.AssignHotResponse\x12@\n" +
+	"\aHotRows\x12\x19.raftps.v1.HotRowsRequest\x1a\x1a.raftps.v1.HotRowsResponse\x12@\n" +
+	"\aHotKeys\x12\x19.raftps.v1.HotKeysRequest\x1a\x1a.raftps.v1.HotKeysResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_raftps_proto_rawDescOnce sync.Once
@@ -3095,7 +4117,7 @@ func file_raftps_proto_rawDescGZIP() []byte {
 }
 
 var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(NodeAdmin)(0),                // 1: raftps.v1.NodeAdmin
@@ -3119,30 +4141,45 @@ var file_raftps_proto_goTypes = []any{
 	(*ListTablesResponse)(nil),    // 19: raftps.v1.ListTablesResponse
 	(*StatusRequest)(nil),         // 20: raftps.v1.StatusRequest
 	(*StatusResponse)(nil),        // 21: raftps.v1.StatusResponse
-	(*NodeInfo)(nil),              // 22: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 23: raftps.v1.ReplicaStatus
-	(*NotLeader)(nil),             // 24: raftps.v1.NotLeader
-	(*JoinJobRequest)(nil),        // 25: raftps.v1.JoinJobRequest
-	(*JoinJobResponse)(nil),       // 26: raftps.v1.JoinJobResponse
-	(*GetJobRequest)(nil),         // 27: raftps.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 28: raftps.v1.GetJobResponse
-	(*DeleteJobRequest)(nil),      // 29: raftps.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),     // 30: raftps.v1.DeleteJobResponse
-	(*Job)(nil),                   // 31: raftps.v1.Job
-	(*JobMember)(nil),             // 32: raftps.v1.JobMember
-	(*MetaSnapshot)(nil),          // 33: raftps.v1.MetaSnapshot
-	(*ClusterNode)(nil),           // 34: raftps.v1.ClusterNode
-	(*ShardMap)(nil),              // 35: raftps.v1.ShardMap
-	(*ClusterMap)(nil),            // 36: raftps.v1.ClusterMap
-	(*JoinClusterRequest)(nil),    // 37: raftps.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),   // 38: raftps.v1.JoinClusterResponse
-	(*SetNodeAdminRequest)(nil),   // 39: raftps.v1.SetNodeAdminRequest
-	(*SetNodeAdminResponse)(nil),  // 40: raftps.v1.SetNodeAdminResponse
-	(*GetClusterMapRequest)(nil),  // 41: raftps.v1.GetClusterMapRequest
-	(*MetaSetShard)(nil),          // 42: raftps.v1.MetaSetShard
-	(*MetaCreateTable)(nil),       // 43: raftps.v1.MetaCreateTable
-	(*ReconfigureRequest)(nil),    // 44: raftps.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),   // 45: raftps.v1.ReconfigureResponse
+	(*ServedCount)(nil),           // 22: raftps.v1.ServedCount
+	(*AlterTableRequest)(nil),     // 23: raftps.v1.AlterTableRequest
+	(*AlterTableResponse)(nil),    // 24: raftps.v1.AlterTableResponse
+	(*ReadIndexRequest)(nil),      // 25: raftps.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),     // 26: raftps.v1.ReadIndexResponse
+	(*ReportHotRequest)(nil),      // 27: raftps.v1.ReportHotRequest
+	(*ReportHotResponse)(nil),     // 28: raftps.v1.ReportHotResponse
+	(*AssignHotRequest)(nil),      // 29: raftps.v1.AssignHotRequest
+	(*AssignHotResponse)(nil),     // 30: raftps.v1.AssignHotResponse
+	(*HotRowsRequest)(nil),        // 31: raftps.v1.HotRowsRequest
+	(*HotRowsResponse)(nil),       // 32: raftps.v1.HotRowsResponse
+	(*HotKeysRequest)(nil),        // 33: raftps.v1.HotKeysRequest
+	(*HotKeysResponse)(nil),       // 34: raftps.v1.HotKeysResponse
+	(*HotShard)(nil),              // 35: raftps.v1.HotShard
+	(*HotKey)(nil),                // 36: raftps.v1.HotKey
+	(*NodeInfo)(nil),              // 37: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 38: raftps.v1.ReplicaStatus
+	(*NotLeader)(nil),             // 39: raftps.v1.NotLeader
+	(*JoinJobRequest)(nil),        // 40: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 41: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 42: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 43: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 44: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 45: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 46: raftps.v1.Job
+	(*JobMember)(nil),             // 47: raftps.v1.JobMember
+	(*MetaSnapshot)(nil),          // 48: raftps.v1.MetaSnapshot
+	(*ClusterNode)(nil),           // 49: raftps.v1.ClusterNode
+	(*ShardMap)(nil),              // 50: raftps.v1.ShardMap
+	(*ClusterMap)(nil),            // 51: raftps.v1.ClusterMap
+	(*JoinClusterRequest)(nil),    // 52: raftps.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),   // 53: raftps.v1.JoinClusterResponse
+	(*SetNodeAdminRequest)(nil),   // 54: raftps.v1.SetNodeAdminRequest
+	(*SetNodeAdminResponse)(nil),  // 55: raftps.v1.SetNodeAdminResponse
+	(*GetClusterMapRequest)(nil),  // 56: raftps.v1.GetClusterMapRequest
+	(*MetaSetShard)(nil),          // 57: raftps.v1.MetaSetShard
+	(*MetaCreateTable)(nil),       // 58: raftps.v1.MetaCreateTable
+	(*ReconfigureRequest)(nil),    // 59: raftps.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),   // 60: raftps.v1.ReconfigureResponse
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
@@ -3157,63 +4194,81 @@ var file_raftps_proto_depIdxs = []int32{
 	3,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
 	3,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
 	17, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	35, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
-	34, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
+	50, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
+	49, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
 	3,  // 14: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
-	22, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	23, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	31, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
-	35, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
-	31, // 19: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
-	32, // 20: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
-	3,  // 21: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
-	31, // 22: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
-	34, // 23: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
-	35, // 24: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
-	1,  // 25: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
-	34, // 26: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
-	35, // 27: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
-	3,  // 28: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
-	34, // 29: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
-	1,  // 30: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
-	3,  // 31: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
-	35, // 32: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
-	2,  // 33: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
-	4,  // 34: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
-	6,  // 35: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
-	9,  // 36: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
-	11, // 37: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
-	13, // 38: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
-	15, // 39: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
-	18, // 40: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
-	20, // 41: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	25, // 42: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
-	27, // 43: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
-	29, // 44: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
-	37, // 45: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
-	39, // 46: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
-	41, // 47: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
-	44, // 48: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
-	5,  // 49: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	7,  // 50: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	10, // 51: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	12, // 52: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	14, // 53: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	16, // 54: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	19, // 55: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	21, // 56: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	26, // 57: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
-	28, // 58: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
-	30, // 59: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
-	38, // 60: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
-	40, // 61: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
-	36, // 62: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
-	45, // 63: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
-	49, // [49:64] is the sub-list for method output_type
-	34, // [34:49] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	37, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	38, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	46, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	50, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
+	35, // 19: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
+	22, // 20: raftps.v1.StatusResponse.served:type_name -> raftps.v1.ServedCount
+	0,  // 21: raftps.v1.AlterTableRequest.consistency:type_name -> raftps.v1.Consistency
+	3,  // 22: raftps.v1.AlterTableResponse.spec:type_name -> raftps.v1.TableSpec
+	35, // 23: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
+	36, // 24: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
+	46, // 25: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	47, // 26: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	3,  // 27: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
+	46, // 28: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	49, // 29: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
+	50, // 30: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
+	1,  // 31: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
+	49, // 32: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
+	50, // 33: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
+	3,  // 34: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
+	49, // 35: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
+	1,  // 36: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
+	3,  // 37: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
+	50, // 38: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
+	2,  // 39: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
+	4,  // 40: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
+	6,  // 41: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
+	9,  // 42: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
+	11, // 43: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
+	13, // 44: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
+	15, // 45: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
+	18, // 46: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
+	20, // 47: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
+	40, // 48: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	42, // 49: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	44, // 50: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	52, // 51: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
+	54, // 52: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
+	56, // 53: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
+	59, // 54: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
+	23, // 55: raftps.v1.ParameterServer.AlterTable:input_type -> raftps.v1.AlterTableRequest
+	25, // 56: raftps.v1.ParameterServer.ReadIndex:input_type -> raftps.v1.ReadIndexRequest
+	27, // 57: raftps.v1.ParameterServer.ReportHot:input_type -> raftps.v1.ReportHotRequest
+	29, // 58: raftps.v1.ParameterServer.AssignHot:input_type -> raftps.v1.AssignHotRequest
+	31, // 59: raftps.v1.ParameterServer.HotRows:input_type -> raftps.v1.HotRowsRequest
+	33, // 60: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
+	5,  // 61: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	7,  // 62: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	10, // 63: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	12, // 64: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	14, // 65: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	16, // 66: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	19, // 67: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	21, // 68: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	41, // 69: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	43, // 70: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	45, // 71: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	53, // 72: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
+	55, // 73: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
+	51, // 74: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
+	60, // 75: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
+	24, // 76: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
+	26, // 77: raftps.v1.ParameterServer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
+	28, // 78: raftps.v1.ParameterServer.ReportHot:output_type -> raftps.v1.ReportHotResponse
+	30, // 79: raftps.v1.ParameterServer.AssignHot:output_type -> raftps.v1.AssignHotResponse
+	32, // 80: raftps.v1.ParameterServer.HotRows:output_type -> raftps.v1.HotRowsResponse
+	34, // 81: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
+	61, // [61:82] is the sub-list for method output_type
+	40, // [40:61] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_raftps_proto_init() }
@@ -3227,7 +4282,7 @@ func file_raftps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   43,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,12 @@ const (
 	ParameterServer_SetNodeAdmin_FullMethodName  = "/raftps.v1.ParameterServer/SetNodeAdmin"
 	ParameterServer_GetClusterMap_FullMethodName = "/raftps.v1.ParameterServer/GetClusterMap"
 	ParameterServer_Reconfigure_FullMethodName   = "/raftps.v1.ParameterServer/Reconfigure"
+	ParameterServer_AlterTable_FullMethodName    = "/raftps.v1.ParameterServer/AlterTable"
+	ParameterServer_ReadIndex_FullMethodName     = "/raftps.v1.ParameterServer/ReadIndex"
+	ParameterServer_ReportHot_FullMethodName     = "/raftps.v1.ParameterServer/ReportHot"
+	ParameterServer_AssignHot_FullMethodName     = "/raftps.v1.ParameterServer/AssignHot"
+	ParameterServer_HotRows_FullMethodName       = "/raftps.v1.ParameterServer/HotRows"
+	ParameterServer_HotKeys_FullMethodName       = "/raftps.v1.ParameterServer/HotKeys"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -87,6 +93,25 @@ type ParameterServerClient interface {
 	// group's leader (QUERY by any replica). The metadata leader's scheduler
 	// calls it to carry out moves; see docs/ARCHITECTURE.md.
 	Reconfigure(ctx context.Context, in *ReconfigureRequest, opts ...grpc.CallOption) (*ReconfigureResponse, error)
+	// AlterTable changes a table's consistency level, staleness bound and
+	// hot-key settings; a metadata follower names the metadata leader. Each
+	// node serves the new level once its metadata replica has applied it.
+	AlterTable(ctx context.Context, in *AlterTableRequest, opts ...grpc.CallOption) (*AlterTableResponse, error)
+	// ReadIndex is served by a shard's leader: it takes its commit index,
+	// then confirms with a majority that it still leads. A replica that has
+	// applied that index reflects every push acknowledged before it sent the
+	// request; that is how followers serve bounded-staleness reads (see
+	// docs/ARCHITECTURE.md, "Consistency levels").
+	ReadIndex(ctx context.Context, in *ReadIndexRequest, opts ...grpc.CallOption) (*ReadIndexResponse, error)
+	// Hot keys. ReportHot carries a replica's pull counts of one window to the
+	// shard leader; AssignHot tells a node it is (or no longer is) a read
+	// replica of a shard's hot keys; HotRows is a read replica's refresh,
+	// served by the leader as a linearizable read; HotKeys returns the hot
+	// sets of the shards this node leads.
+	ReportHot(ctx context.Context, in *ReportHotRequest, opts ...grpc.CallOption) (*ReportHotResponse, error)
+	AssignHot(ctx context.Context, in *AssignHotRequest, opts ...grpc.CallOption) (*AssignHotResponse, error)
+	HotRows(ctx context.Context, in *HotRowsRequest, opts ...grpc.CallOption) (*HotRowsResponse, error)
+	HotKeys(ctx context.Context, in *HotKeysRequest, opts ...grpc.CallOption) (*HotKeysResponse, error)
 }
 
 type parameterServerClient struct {
@@ -247,6 +272,66 @@ func (c *parameterServerClient) Reconfigure(ctx context.Context, in *Reconfigure
 	return out, nil
 }
 
+func (c *parameterServerClient) AlterTable(ctx context.Context, in *AlterTableRequest, opts ...grpc.CallOption) (*AlterTableResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AlterTableResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_AlterTable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) ReadIndex(ctx context.Context, in *ReadIndexRequest, opts ...grpc.CallOption) (*ReadIndexResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadIndexResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ReadIndex_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) ReportHot(ctx context.Context, in *ReportHotRequest, opts ...grpc.CallOption) (*ReportHotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportHotResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ReportHot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) AssignHot(ctx context.Context, in *AssignHotRequest, opts ...grpc.CallOption) (*AssignHotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AssignHotResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_AssignHot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) HotRows(ctx context.Context, in *HotRowsRequest, opts ...grpc.CallOption) (*HotRowsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HotRowsResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_HotRows_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) HotKeys(ctx context.Context, in *HotKeysRequest, opts ...grpc.CallOption) (*HotKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HotKeysResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_HotKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -294,6 +379,25 @@ type ParameterServerServer interface {
 	// group's leader (QUERY by any replica). The metadata leader's scheduler
 	// calls it to carry out moves; see docs/ARCHITECTURE.md.
 	Reconfigure(context.Context, *ReconfigureRequest) (*ReconfigureResponse, error)
+	// AlterTable changes a table's consistency level, staleness bound and
+	// hot-key settings; a metadata follower names the metadata leader. Each
+	// node serves the new level once its metadata replica has applied it.
+	AlterTable(context.Context, *AlterTableRequest) (*AlterTableResponse, error)
+	// ReadIndex is served by a shard's leader: it takes its commit index,
+	// then confirms with a majority that it still leads. A replica that has
+	// applied that index reflects every push acknowledged before it sent the
+	// request; that is how followers serve bounded-staleness reads (see
+	// docs/ARCHITECTURE.md, "Consistency levels").
+	ReadIndex(context.Context, *ReadIndexRequest) (*ReadIndexResponse, error)
+	// Hot keys. ReportHot carries a replica's pull counts of one window to the
+	// shard leader; AssignHot tells a node it is (or no longer is) a read
+	// replica of a shard's hot keys; HotRows is a read replica's refresh,
+	// served by the leader as a linearizable read; HotKeys returns the hot
+	// sets of the shards this node leads.
+	ReportHot(context.Context, *ReportHotRequest) (*ReportHotResponse, error)
+	AssignHot(context.Context, *AssignHotRequest) (*AssignHotResponse, error)
+	HotRows(context.Context, *HotRowsRequest) (*HotRowsResponse, error)
+	HotKeys(context.Context, *HotKeysRequest) (*HotKeysResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -348,6 +452,24 @@ func (UnimplementedParameterServerServer) GetClusterMap(context.Context, *GetClu
 }
 func (UnimplementedParameterServerServer) Reconfigure(context.Context, *ReconfigureRequest) (*ReconfigureResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reconfigure not implemented")
+}
+func (UnimplementedParameterServerServer) AlterTable(context.Context, *AlterTableRequest) (*AlterTableResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AlterTable not implemented")
+}
+func (UnimplementedParameterServerServer) ReadIndex(context.Context, *ReadIndexRequest) (*ReadIndexResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadIndex not implemented")
+}
+func (UnimplementedParameterServerServer) ReportHot(context.Context, *ReportHotRequest) (*ReportHotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportHot not implemented")
+}
+func (UnimplementedParameterServerServer) AssignHot(context.Context, *AssignHotRequest) (*AssignHotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AssignHot not implemented")
+}
+func (UnimplementedParameterServerServer) HotRows(context.Context, *HotRowsRequest) (*HotRowsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HotRows not implemented")
+}
+func (UnimplementedParameterServerServer) HotKeys(context.Context, *HotKeysRequest) (*HotKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HotKeys not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -640,6 +762,114 @@ func _ParameterServer_Reconfigure_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_AlterTable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AlterTableRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).AlterTable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_AlterTable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).AlterTable(ctx, req.(*AlterTableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_ReadIndex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadIndexRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ReadIndex(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ReadIndex_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ReadIndex(ctx, req.(*ReadIndexRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_ReportHot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportHotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ReportHot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ReportHot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ReportHot(ctx, req.(*ReportHotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_AssignHot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AssignHotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).AssignHot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_AssignHot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).AssignHot(ctx, req.(*AssignHotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_HotRows_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HotRowsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).HotRows(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_HotRows_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).HotRows(ctx, req.(*HotRowsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_HotKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HotKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).HotKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_HotKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).HotKeys(ctx, req.(*HotKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -706,6 +936,30 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reconfigure",
 			Handler:    _ParameterServer_Reconfigure_Handler,
+		},
+		{
+			MethodName: "AlterTable",
+			Handler:    _ParameterServer_AlterTable_Handler,
+		},
+		{
+			MethodName: "ReadIndex",
+			Handler:    _ParameterServer_ReadIndex_Handler,
+		},
+		{
+			MethodName: "ReportHot",
+			Handler:    _ParameterServer_ReportHot_Handler,
+		},
+		{
+			MethodName: "AssignHot",
+			Handler:    _ParameterServer_AssignHot_Handler,
+		},
+		{
+			MethodName: "HotRows",
+			Handler:    _ParameterServer_HotRows_Handler,
+		},
+		{
+			MethodName: "HotKeys",
+			Handler:    _ParameterServer_HotKeys_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

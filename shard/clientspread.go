@@ -1,0 +1,281 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// hotView is a client's copy of a table's hot sets, refreshed at most once a
+// HotWindow by the pull that finds it old (the others use it as it is).
+type hotView struct {
+	at         time.Time
+	refreshing bool
+	shards     map[uint32]*hotShardView
+}
+
+type hotShardView struct {
+	keys  map[uint64]bool
+	addrs []string // read replicas
+}
+
+// hotShardsOf returns the client's view of table's hot sets, refreshing it
+// first if it is older than a window and no other pull is doing so.
+func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[uint32]*hotShardView {
+	if spec.HotThreshold <= 0 {
+		return nil
+	}
+	c.mu.Lock()
+	v := c.hot[spec.Name]
+	if v == nil {
+		v = &hotView{}
+		c.hot[spec.Name] = v
+	}
+	if v.refreshing || time.Since(v.at) < HotWindow {
+		shards := v.shards
+		c.mu.Unlock()
+		return shards
+	}
+	v.refreshing = true
+	var addrs []string
+	if tm := c.maps[spec.Name]; tm != nil {
+		for _, a := range tm.addr {
+			addrs = append(addrs, a)
+		}
+	}
+	c.mu.Unlock()
+	addrs = append(addrs, c.cfg.Addrs...)
+	slices.Sort(addrs)
+	addrs = slices.Compact(addrs)
+
+	// Every node answers for the shards it leads; one round trip each, in
+	// parallel, bounded well below a pull's patience.
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	shards := map[uint32]*hotShardView{}
+	versions := map[uint32]uint64{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, a := range addrs {
+		wg.Go(func() {
+			st, err := c.stub(a)
+			if err != nil {
+				return
+			}
+			resp, err := st.HotKeys(rctx, &shardpb.HotKeysRequest{Table: spec.Name})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, hs := range resp.Shards {
+				if old, ok := shards[hs.Shard]; ok && old != nil && versions[hs.Shard] >= hs.Version {
+					continue // two nodes think they lead it: keep one
+				}
+				sv := &hotShardView{keys: make(map[uint64]bool, len(hs.Keys)), addrs: hs.ReplicaAddrs}
+				for _, k := range hs.Keys {
+					sv.keys[k.Key] = true
+				}
+				shards[hs.Shard], versions[hs.Shard] = sv, hs.Version
+			}
+		})
+	}
+	wg.Wait()
+	c.mu.Lock()
+	v.shards, v.at, v.refreshing = shards, time.Now(), false
+	c.mu.Unlock()
+	return shards
+}
+
+// spreadPart is one request of a spread pull: some keys of one shard, to one
+// node; pos are the keys' places in the shard's part of the split.
+type spreadPart struct {
+	shard uint32
+	pos   []int
+	addr  string
+	req   *shardpb.PullRequest
+}
+
+// pullSpread is PullOpts for the bounded and eventual levels.
+func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys []uint64, out []float32, o PullOptions) error {
+	table, dim := spec.Name, int(spec.Dim)
+	rowBytes := dim * 4
+	sp := splitKeys(keys, spec.Shards)
+	if len(c.replicaAddrs(table, 0)) == 0 {
+		// The client knows the table but not its placement (it created the
+		// table): learn it, or every spread pull would go to one node.
+		_, _ = c.Describe(ctx, table)
+	}
+	hot := c.hotShardsOf(ctx, spec)
+	rows := make([][]byte, spec.Shards)
+	// Each pull ranks the nodes in a random order and asks every shard's
+	// first-ranked replica (a hot key's: replica or read replica): over
+	// many pulls each candidate gets an even share, and one pull's shards
+	// gather on few nodes, a call each, instead of one call to every node.
+	seed := maphash.MakeSeed()
+	first := func(a, b []string) string {
+		best, bestRank := "", uint64(0)
+		for _, list := range [2][]string{a, b} {
+			for _, addr := range list {
+				if r := maphash.String(seed, addr); best == "" || r < bestRank {
+					best, bestRank = addr, r
+				}
+			}
+		}
+		return best
+	}
+	var parts []*spreadPart
+	for s := range sp.keys {
+		if len(sp.keys[s]) == 0 {
+			continue
+		}
+		rows[s] = make([]byte, len(sp.keys[s])*rowBytes)
+		reps := c.replicaAddrs(table, uint32(s))
+		if len(reps) == 0 {
+			if a := c.leader(groupID(table, uint32(s))); a != "" {
+				reps = []string{a}
+			}
+		}
+		byAddr := map[string]*spreadPart{}
+		add := func(addr string, j int) {
+			p := byAddr[addr]
+			if p == nil {
+				p = &spreadPart{shard: uint32(s), addr: addr}
+				byAddr[addr] = p
+				parts = append(parts, p)
+			}
+			p.pos = append(p.pos, j)
+		}
+		hs := hot[uint32(s)]
+		cold := first(reps, nil)
+		hotAddr := ""
+		if hs != nil {
+			hotAddr = first(reps, hs.addrs)
+		}
+		for j, k := range sp.keys[s] {
+			if hotAddr != "" && hs.keys[k] {
+				add(hotAddr, j)
+				continue
+			}
+			add(cold, j)
+		}
+	}
+	for _, p := range parts {
+		ks := make([]uint64, len(p.pos))
+		for i, j := range p.pos {
+			ks[i] = sp.keys[p.shard][j]
+		}
+		p.req = &shardpb.PullRequest{Table: table, Shard: p.shard, Keys: KeysBytes(ks), Consistency: o.Level,
+			Epoch: c.epoch(table, p.shard), StalenessBoundNs: int64(o.StalenessBound), AllowWeaker: o.AllowWeaker}
+	}
+	place := func(p *spreadPart, addr string, values []byte) error {
+		if len(values) != len(p.pos)*rowBytes {
+			return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(values), len(p.pos), dim)
+		}
+		for i, j := range p.pos {
+			copy(rows[p.shard][j*rowBytes:(j+1)*rowBytes], values[i*rowBytes:(i+1)*rowBytes])
+		}
+		return nil
+	}
+	// A part its node did not serve is asked again at the shard's replicas,
+	// with the usual retries through leader changes and map moves.
+	single := func(p *spreadPart) error {
+		return c.shardRetry(ctx, table, p.shard, "", func(ctx context.Context, addr string) error {
+			st, err := c.stub(addr)
+			if err != nil {
+				return err
+			}
+			p.req.Epoch = c.epoch(table, p.shard)
+			resp, err := st.Pull(ctx, p.req)
+			if err != nil {
+				return err
+			}
+			return place(p, addr, resp.Values)
+		})
+	}
+	byNode := map[string][]*spreadPart{}
+	var unknown []*spreadPart
+	for _, p := range parts {
+		if p.addr == "" {
+			unknown = append(unknown, p)
+		} else {
+			byNode[p.addr] = append(byNode[p.addr], p)
+		}
+	}
+	errs := make([]error, len(parts))
+	index := make(map[*spreadPart]int, len(parts))
+	for i, p := range parts {
+		index[p] = i
+	}
+	var wg sync.WaitGroup
+	for _, p := range unknown {
+		wg.Go(func() { errs[index[p]] = single(p) })
+	}
+	for addr, ps := range byNode {
+		wg.Go(func() {
+			reqs := make([]*shardpb.PullRequest, len(ps))
+			for i, p := range ps {
+				reqs[i] = p.req
+			}
+			st, err := c.stub(addr)
+			var resp *shardpb.PullBatchResponse
+			if err == nil {
+				actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+				resp, err = st.PullBatch(actx, &shardpb.PullBatchRequest{Parts: reqs})
+				cancel()
+			}
+			if err == nil {
+				err = checkAnswers(addr, len(ps), len(resp.Parts), len(resp.Errors))
+			}
+			for i, p := range ps {
+				if err == nil && resp.Errors[i].GetCode() == 0 {
+					if perr := place(p, addr, resp.Parts[i].Values); perr == nil {
+						continue
+					}
+				}
+				wg.Go(func() { errs[index[p]] = single(p) })
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("pull from table %q: %w", table, err)
+		}
+	}
+	outBytes := ValuesBytes(out)
+	for i := range keys {
+		s, j := sp.sh[i], sp.of[i]
+		copy(outBytes[i*rowBytes:(i+1)*rowBytes], rows[s][j*rowBytes:(j+1)*rowBytes])
+	}
+	return nil
+}
+
+// AlterTable changes a table's consistency level, staleness bound or
+// hot-key settings and returns the new spec. Each node serves the new level
+// once its metadata replica has applied it; a pull that needs the stronger
+// level at once asks for it (PullOptions.Level).
+func (c *Client) AlterTable(ctx context.Context, req *shardpb.AlterTableRequest) (*shardpb.TableSpec, error) {
+	var out *shardpb.TableSpec
+	err := c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
+		resp, err := s.AlterTable(ctx, req)
+		if err != nil {
+			return err
+		}
+		out = resp.Spec
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("alter table %q: %w", req.Name, err)
+	}
+	c.mu.Lock()
+	c.tables[out.Name] = out
+	delete(c.hot, out.Name)
+	c.mu.Unlock()
+	return out, nil
+}

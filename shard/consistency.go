@@ -1,0 +1,250 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+)
+
+// ClockRateAllowance is how much faster real time may pass than this node's
+// monotonic clock measures, as a fraction: a bounded read is served only if
+// its lease age, scaled up by it, is within the bound. Crystal oscillators
+// drift by well under 100 ppm; 1% also covers a VM whose clock is slewed.
+const ClockRateAllowance = 0.01
+
+// leaseRefreshTimeout bounds one read-index round trip to a shard leader.
+// A replica that cannot get one within it refuses bounded reads (the client
+// goes elsewhere) until a later refresh succeeds.
+const leaseRefreshTimeout = time.Second
+
+// readLease is what a replica knows about its own freshness: every push
+// acknowledged before asOf (this node's monotonic clock) is applied here.
+// It is established by a read-index round trip to the shard's leader that
+// this node started at asOf (see docs/ARCHITECTURE.md, "Consistency
+// levels"): the leader took its commit index after the request arrived, so
+// after asOf, and confirmed it still led; this replica then applied that
+// index.
+type readLease struct {
+	mu         sync.Mutex
+	asOf       time.Time     // zero: never established
+	refreshing chan struct{} // non-nil while a refresh runs; closed when it ends
+	lastErr    error         // why the last refresh failed, nil if it succeeded
+}
+
+// leaseAge is how old a lease established at asOf is, allowing for this
+// node's clock running slow.
+func leaseAge(asOf, now time.Time) time.Duration {
+	return time.Duration(float64(now.Sub(asOf)) * (1 + ClockRateAllowance))
+}
+
+// lease returns the read lease of a group, creating it.
+func (n *Node) lease(group string) *readLease {
+	n.leaseMu.Lock()
+	defer n.leaseMu.Unlock()
+	l := n.leases[group]
+	if l == nil {
+		l = &readLease{}
+		n.leases[group] = l
+	}
+	return l
+}
+
+// dropLease forgets a group's lease (its replica closed).
+func (n *Node) dropLease(group string) {
+	n.leaseMu.Lock()
+	delete(n.leases, group)
+	n.leaseMu.Unlock()
+}
+
+// boundedFresh returns nil if this replica of g may serve a read that must
+// reflect every push acknowledged more than bound before it began, waiting
+// for a lease refresh if the lease is too old. Half-way through a lease's
+// life a refresh starts in the background, so a steady stream of reads
+// rarely waits.
+func (n *Node) boundedFresh(ctx context.Context, g *replication.Group, table string, shard uint32, bound time.Duration) error {
+	l := n.lease(g.ID())
+	for attempt := 0; ; attempt++ {
+		l.mu.Lock()
+		now := time.Now()
+		if !l.asOf.IsZero() {
+			if age := leaseAge(l.asOf, now); age <= bound {
+				if age > bound/2 && l.refreshing == nil {
+					n.startRefresh(l, g, table, shard)
+				}
+				l.mu.Unlock()
+				return nil
+			}
+		}
+		if attempt > 0 {
+			// A refresh ran since this read arrived and did not make the
+			// lease fresh enough.
+			err := l.lastErr
+			l.mu.Unlock()
+			if err == nil {
+				err = errors.New("the lease expired again at once")
+			}
+			return fmt.Errorf("group %s: %w: replica on node %s cannot show it is within the %s bound: %v", g.ID(), ErrTooStale, n.cfg.ID, bound, err)
+		}
+		ch := l.refreshing
+		if ch == nil {
+			ch = n.startRefresh(l, g, table, shard)
+		}
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("group %s: waiting for a read lease: %w", g.ID(), ctx.Err())
+		}
+	}
+}
+
+// startRefresh starts a read-index round trip for l; l.mu is held.
+func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, shard uint32) chan struct{} {
+	ch := make(chan struct{})
+	l.refreshing = ch
+	n.wg.Go(func() {
+		sent := time.Now()
+		err := n.refreshLease(g, table, shard)
+		l.mu.Lock()
+		if err == nil && sent.After(l.asOf) {
+			l.asOf = sent
+		}
+		l.lastErr = err
+		l.refreshing = nil
+		l.mu.Unlock()
+		close(ch)
+	})
+	return ch
+}
+
+// refreshLease gets a read index from g's leader (this replica, if it
+// leads) and waits until this replica has applied it.
+func (n *Node) refreshLease(g *replication.Group, table string, shard uint32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), leaseRefreshTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var ix uint64
+	if g.Raft().State() == raft.Leader {
+		var err error
+		if ix, err = g.ReadIndex(ctx); err != nil {
+			return err
+		}
+	} else {
+		addr, id := g.Raft().LeaderWithID()
+		if addr == "" {
+			return fmt.Errorf("no leader known")
+		}
+		ps, err := n.peerStub(string(addr))
+		if err != nil {
+			return err
+		}
+		resp, err := ps.ReadIndex(ctx, &shardpb.ReadIndexRequest{Table: table, Shard: shard})
+		if err != nil {
+			return fmt.Errorf("read index from leader %s: %w", id, fromStatus(err))
+		}
+		ix = resp.Index
+	}
+	return g.WaitApplied(ctx, ix)
+}
+
+func (s *service) ReadIndex(ctx context.Context, req *shardpb.ReadIndexRequest) (*shardpb.ReadIndexResponse, error) {
+	g := s.n.Group(req.Table, req.Shard)
+	if g == nil {
+		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+	}
+	ix, err := g.ReadIndex(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &shardpb.ReadIndexResponse{Index: ix}, nil
+}
+
+func (s *service) AlterTable(ctx context.Context, req *shardpb.AlterTableRequest) (*shardpb.AlterTableResponse, error) {
+	if req.Name == "" {
+		return nil, toStatus(fmt.Errorf("%w: no table name", ErrBadRequest))
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.AlterTableResponse, error) {
+		if err := s.n.metaAuthoritative(); err != nil {
+			return nil, fmt.Errorf("altering table %q: %w: %v", req.Name, ErrUnavailable, err)
+		}
+		spec := s.n.metaFSM.table(req.Name)
+		if spec == nil {
+			return nil, fmt.Errorf("table %q: %w", req.Name, store.ErrUnknownTable)
+		}
+		next, err := alterSpec(spec, req)
+		if err != nil {
+			return nil, err
+		}
+		out, err := s.n.applyMeta(metaAlterTable, next, fmt.Sprintf("altering table %q", req.Name))
+		if err != nil {
+			return nil, err
+		}
+		return &shardpb.AlterTableResponse{Spec: out.(*shardpb.TableSpec)}, nil
+	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.AlterTableResponse, error) {
+		return ps.AlterTable(ctx, req)
+	})
+}
+
+// Roles and levels of the served-pull counters.
+const (
+	roleLeader = iota
+	roleFollower
+	roleReadReplica
+	numRoles
+)
+
+var roleNames = [numRoles]string{"leader", "follower", "read-replica"}
+
+// servedCounters counts the pulls a node served, by role and level
+// (levelRank - 1).
+type servedCounters struct {
+	c [numRoles][3]struct{ requests, rows, refused atomic.Uint64 }
+}
+
+func (s *servedCounters) served(role int, level shardpb.Consistency, rows int) {
+	if r := levelRank(level); r > 0 {
+		c := &s.c[role][r-1]
+		c.requests.Add(1)
+		c.rows.Add(uint64(rows))
+	}
+}
+
+func (s *servedCounters) refused(role int, level shardpb.Consistency) {
+	if r := levelRank(level); r > 0 {
+		s.c[role][r-1].refused.Add(1)
+	}
+}
+
+// snapshot returns the non-zero counters.
+func (s *servedCounters) snapshot() []*shardpb.ServedCount {
+	var out []*shardpb.ServedCount
+	levels := []shardpb.Consistency{shardpb.Consistency_CONSISTENCY_EVENTUAL, shardpb.Consistency_CONSISTENCY_BOUNDED, shardpb.Consistency_CONSISTENCY_LINEARIZABLE}
+	for role := range numRoles {
+		for l, level := range levels {
+			c := &s.c[role][l]
+			sc := &shardpb.ServedCount{Role: roleNames[role], Level: levelName(level), Requests: c.requests.Load(), Rows: c.rows.Load(), Refused: c.refused.Load()}
+			if sc.Requests+sc.Refused > 0 {
+				out = append(out, sc)
+			}
+		}
+	}
+	return out
+}
+
+// Served returns the pulls this node served, by role and level, as its
+// Status answers them.
+func (n *Node) Served() []*shardpb.ServedCount { return n.served.snapshot() }

@@ -1,0 +1,678 @@
+package shard
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// Hot keys (see docs/ARCHITECTURE.md, "Hot keys"). Every node counts the
+// keys of the pulls it serves per shard in a space-saving sketch; once a
+// window each node sends its counts to the shard's leader, which adds them
+// up, decides the hot set (rate at least the table's threshold; a hot key
+// stays hot until its rate falls below half of it), and assigns read
+// replicas on nodes outside the shard's replica set. A read replica copies
+// the hot rows from the leader by linearizable reads (HotRows) every few
+// tens of milliseconds and serves them at the bounded and eventual levels,
+// under the same read-lease rule as a follower.
+const (
+	// HotWindow is the counting window.
+	HotWindow = time.Second
+	// hotSketchSize bounds the keys a node counts per shard and window; a
+	// key's count is over-estimated by at most the smallest count kept.
+	hotSketchSize = 64
+	// MaxHotKeys bounds a shard's hot set.
+	MaxHotKeys = 256
+	// hotAssignTTL: a read replica drops a shard's hot rows when no leader
+	// has renewed its assignment for this long (a leader renews it every
+	// window).
+	hotAssignTTL = 5 * HotWindow
+	// hotEventualRefresh is how often a read replica refreshes the rows of a
+	// table that is not bounded; eventualAbandon is how old they may be
+	// before it refuses to serve them.
+	hotEventualRefresh = 100 * time.Millisecond
+	eventualAbandon    = 2 * time.Second
+)
+
+// spaceSaving is the space-saving top-k sketch (Metwally et al. 2005) over
+// one window: at most cap keys, each with a count that over-estimates its
+// true count by at most err. A min-heap on count finds the key to evict.
+type spaceSaving struct {
+	cap  int
+	idx  map[uint64]int // key -> heap position
+	heap []ssEntry
+}
+
+type ssEntry struct {
+	key, count, err uint64
+}
+
+func newSpaceSaving(capacity int) *spaceSaving {
+	return &spaceSaving{cap: capacity, idx: make(map[uint64]int, capacity), heap: make([]ssEntry, 0, capacity)}
+}
+
+func (s *spaceSaving) add(key, n uint64) {
+	if i, ok := s.idx[key]; ok {
+		s.heap[i].count += n
+		s.down(i)
+		return
+	}
+	if len(s.heap) < s.cap {
+		s.heap = append(s.heap, ssEntry{key: key, count: n})
+		s.idx[key] = len(s.heap) - 1
+		s.up(len(s.heap) - 1)
+		return
+	}
+	min := s.heap[0]
+	delete(s.idx, min.key)
+	s.heap[0] = ssEntry{key: key, count: min.count + n, err: min.count}
+	s.idx[key] = 0
+	s.down(0)
+}
+
+func (s *spaceSaving) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
+
+func (s *spaceSaving) swap(i, j int) {
+	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
+	s.idx[s.heap[i].key], s.idx[s.heap[j].key] = i, j
+}
+
+func (s *spaceSaving) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s.less(i, p) {
+			return
+		}
+		s.swap(i, p)
+		i = p
+	}
+}
+
+func (s *spaceSaving) down(i int) {
+	for {
+		l, m := 2*i+1, i
+		if l < len(s.heap) && s.less(l, m) {
+			m = l
+		}
+		if r := l + 1; r < len(s.heap) && s.less(r, m) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		s.swap(i, m)
+		i = m
+	}
+}
+
+// take returns the window's entries, largest count first (key order on
+// ties), and starts a new window.
+func (s *spaceSaving) take() []ssEntry {
+	out := slices.Clone(s.heap)
+	slices.SortFunc(out, func(a, b ssEntry) int {
+		return cmp.Or(cmp.Compare(b.count, a.count), cmp.Compare(a.key, b.key))
+	})
+	s.heap = s.heap[:0]
+	clear(s.idx)
+	return out
+}
+
+// hotState is a node's hot-key state. All of it is guarded by mu; a
+// tracker has its own lock, taken on the pull path.
+type hotState struct {
+	mu       sync.Mutex
+	trackers map[string]*hotTracker // by group: pulls served here
+	leading  map[string]*hotLeader  // by group: shards this node leads
+	replicas map[string]*hotReplica // by group: hot rows read-replicated here
+}
+
+type hotTracker struct {
+	table string
+	shard uint32
+	mu    sync.Mutex
+	sk    *spaceSaving
+}
+
+// hotLeader is a shard leader's view: reports of the current window by
+// node, and the hot set it decided.
+type hotLeader struct {
+	table    string
+	shard    uint32
+	reports  map[string][]ssEntry
+	version  uint64
+	keys     []*shardpb.HotKey // sorted by rate, then key
+	replicas []string          // read replica node IDs
+	assigned map[string]bool   // nodes told they are read replicas
+}
+
+// hotReplica is one shard's hot rows on a read replica.
+type hotReplica struct {
+	table      string
+	shard      uint32
+	mu         sync.Mutex
+	leaderAddr string
+	term       uint64
+	version    uint64
+	renewed    time.Time
+	keys       []uint64       // as assigned
+	index      map[uint64]int // key -> row, of the rows copied
+	rows       []float32
+	dim        int
+	asOf       time.Time // every push acknowledged before it is in rows
+	stop       chan struct{}
+}
+
+func (h *hotState) init() {
+	h.trackers, h.leading, h.replicas = map[string]*hotTracker{}, map[string]*hotLeader{}, map[string]*hotReplica{}
+}
+
+// count records the keys of a pull this node served.
+func (n *Node) countHot(spec *shardpb.TableSpec, shard uint32, keys []uint64) {
+	if spec.HotThreshold <= 0 {
+		return
+	}
+	gid := groupID(spec.Name, shard)
+	n.hot.mu.Lock()
+	t := n.hot.trackers[gid]
+	if t == nil {
+		t = &hotTracker{table: spec.Name, shard: shard, sk: newSpaceSaving(hotSketchSize)}
+		n.hot.trackers[gid] = t
+	}
+	n.hot.mu.Unlock()
+	t.mu.Lock()
+	for _, k := range keys {
+		t.sk.add(k, 1)
+	}
+	t.mu.Unlock()
+}
+
+// hotLoop closes a window every HotWindow: reports counts to leaders,
+// decides the hot sets of the shards this node leads and assigns their
+// read replicas, and expires read replicas no leader renews.
+func (n *Node) hotLoop() {
+	t := time.NewTicker(HotWindow)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.closed:
+			n.hot.mu.Lock()
+			for gid, r := range n.hot.replicas {
+				close(r.stop)
+				delete(n.hot.replicas, gid)
+			}
+			n.hot.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		n.hotWindow()
+	}
+}
+
+func (n *Node) hotWindow() {
+	n.hot.mu.Lock()
+	trackers := make([]*hotTracker, 0, len(n.hot.trackers))
+	for _, t := range n.hot.trackers {
+		trackers = append(trackers, t)
+	}
+	n.hot.mu.Unlock()
+	for _, t := range trackers {
+		t.mu.Lock()
+		entries := t.sk.take()
+		t.mu.Unlock()
+		if len(entries) == 0 {
+			// Idle for a window: forget it (a pull recreates it), so the
+			// shards this node stopped serving leave nothing behind.
+			n.hot.mu.Lock()
+			if t.mu.TryLock() {
+				if len(t.sk.heap) == 0 {
+					delete(n.hot.trackers, groupID(t.table, t.shard))
+				}
+				t.mu.Unlock()
+			}
+			n.hot.mu.Unlock()
+			continue
+		}
+		n.reportHot(t.table, t.shard, entries)
+	}
+	n.decideHot()
+	n.expireHotReplicas()
+}
+
+// reportHot hands a window's counts to the shard's leader: directly if it
+// is this node, else by a best-effort ReportHot (a lost report makes the
+// leader under-count one window).
+func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
+	gid := groupID(table, shard)
+	var leaderAddr string
+	if g := n.Group(table, shard); g != nil {
+		if g.IsLeader() {
+			n.addReport(table, shard, n.cfg.ID, entries)
+			return
+		}
+		a, _ := g.Raft().LeaderWithID()
+		leaderAddr = string(a)
+	} else {
+		n.hot.mu.Lock()
+		if r := n.hot.replicas[gid]; r != nil {
+			r.mu.Lock()
+			leaderAddr = r.leaderAddr
+			r.mu.Unlock()
+		}
+		n.hot.mu.Unlock()
+	}
+	if leaderAddr == "" {
+		return
+	}
+	keys := make([]uint64, len(entries))
+	counts := make([]uint64, len(entries))
+	for i, e := range entries {
+		keys[i], counts[i] = e.key, e.count
+	}
+	req := &shardpb.ReportHotRequest{Table: table, Shard: shard, NodeId: n.cfg.ID, Keys: KeysBytes(keys), Counts: counts}
+	n.wg.Go(func() {
+		ps, err := n.peerStub(leaderAddr)
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), HotWindow/2)
+		defer cancel()
+		if _, err := ps.ReportHot(ctx, req); err != nil {
+			n.log.Debug("hot-key report not delivered", "group", gid, "leader", leaderAddr, "error", err)
+		}
+	})
+}
+
+// addReport records one node's window of counts at this shard leader; a
+// later report of the same node in the same window replaces it.
+func (n *Node) addReport(table string, shard uint32, node string, entries []ssEntry) {
+	gid := groupID(table, shard)
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	l := n.hot.leading[gid]
+	if l == nil {
+		l = &hotLeader{table: table, shard: shard, reports: map[string][]ssEntry{}, assigned: map[string]bool{}}
+		n.hot.leading[gid] = l
+	}
+	l.reports[node] = entries
+}
+
+func (s *service) ReportHot(ctx context.Context, req *shardpb.ReportHotRequest) (*shardpb.ReportHotResponse, error) {
+	keys, err := DecodeKeys(req.Keys, nil)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if len(keys) != len(req.Counts) || len(keys) > hotSketchSize {
+		return nil, toStatus(fmt.Errorf("%w: hot-key report of %d keys and %d counts (at most %d)", ErrBadRequest, len(keys), len(req.Counts), hotSketchSize))
+	}
+	g := s.n.Group(req.Table, req.Shard)
+	if g == nil || !g.IsLeader() {
+		return nil, toStatus(fmt.Errorf("group %s: %w: node %s does not lead it", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+	}
+	entries := make([]ssEntry, len(keys))
+	for i := range keys {
+		entries[i] = ssEntry{key: keys[i], count: req.Counts[i]}
+	}
+	s.n.addReport(req.Table, req.Shard, req.NodeId, entries)
+	return &shardpb.ReportHotResponse{}, nil
+}
+
+// decideHot closes the window of every shard this node leads: adds up the
+// reports, updates the hot set and (re)assigns its read replicas.
+func (n *Node) decideHot() {
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	for gid, l := range n.hot.leading {
+		g := n.Group(l.table, l.shard)
+		spec := n.metaFSM.table(l.table)
+		if g == nil || !g.IsLeader() || spec == nil || spec.HotThreshold <= 0 {
+			// Not leading any more, or hot keys were turned off: release the
+			// read replicas (a new leader assigns its own).
+			for id := range l.assigned {
+				n.assignHot(l, id, nil, 0)
+			}
+			delete(n.hot.leading, gid)
+			continue
+		}
+		sums := map[uint64]uint64{}
+		for _, entries := range l.reports {
+			for _, e := range entries {
+				sums[e.key] += e.count
+			}
+		}
+		clear(l.reports)
+		wasHot := map[uint64]bool{}
+		for _, k := range l.keys {
+			wasHot[k.Key] = true
+		}
+		var keys []*shardpb.HotKey
+		for k, c := range sums {
+			rate := float64(c) / HotWindow.Seconds()
+			if rate >= spec.HotThreshold || (wasHot[k] && rate >= spec.HotThreshold/2) {
+				keys = append(keys, &shardpb.HotKey{Key: k, Rate: rate})
+			}
+		}
+		slices.SortFunc(keys, func(a, b *shardpb.HotKey) int {
+			return cmp.Or(cmp.Compare(b.Rate, a.Rate), cmp.Compare(a.Key, b.Key))
+		})
+		if len(keys) > MaxHotKeys {
+			keys = keys[:MaxHotKeys]
+		}
+		if !sameHotKeys(keys, l.keys) {
+			l.version++
+		}
+		l.keys = keys
+		var replicas []string
+		if len(keys) > 0 {
+			replicas = n.pickHotReplicas(l.table, l.shard, int(spec.HotReplicas))
+		}
+		l.replicas = replicas
+		term := g.Raft().CurrentTerm()
+		hotKeys := make([]uint64, len(keys))
+		for i, k := range keys {
+			hotKeys[i] = k.Key
+		}
+		chosen := map[string]bool{}
+		for _, id := range replicas {
+			chosen[id] = true
+			n.assignHot(l, id, hotKeys, term)
+		}
+		for id := range l.assigned {
+			if !chosen[id] {
+				n.assignHot(l, id, nil, term)
+			}
+		}
+		if len(keys) == 0 && len(l.assigned) == 0 && len(sums) == 0 {
+			delete(n.hot.leading, gid)
+		}
+	}
+}
+
+func sameHotKeys(a, b []*shardpb.HotKey) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	set := map[uint64]bool{}
+	for _, k := range a {
+		set[k.Key] = true
+	}
+	for _, k := range b {
+		if !set[k.Key] {
+			return false
+		}
+	}
+	return true
+}
+
+// pickHotReplicas chooses up to want nodes outside the shard's replica set
+// to hold its hot rows: active, alive nodes in rendezvous order of the
+// group, so the choice is stable while the cluster is.
+func (n *Node) pickHotReplicas(table string, shard uint32, want int) []string {
+	sm := n.metaFSM.shardMap(table, shard)
+	if sm == nil || want <= 0 {
+		return nil
+	}
+	alive := n.members.aliveIDs()
+	gid := groupID(table, shard)
+	type cand struct {
+		id    string
+		score uint64
+	}
+	var cands []cand
+	for _, node := range n.metaFSM.clusterMap().Nodes {
+		if node.Admin != shardpb.NodeAdmin_NODE_ACTIVE || !alive[node.Id] || isReplica(sm, node.Id) || node.Id == sm.Adding {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write([]byte(gid))
+		h.Write([]byte{0})
+		h.Write([]byte(node.Id))
+		cands = append(cands, cand{node.Id, fmix64(h.Sum64())})
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.score, a.score) })
+	var out []string
+	for _, c := range cands[:min(want, len(cands))] {
+		out = append(out, c.id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// assignHot tells node id it holds keys of l's shard (none: no longer);
+// best effort, renewed every window. n.hot.mu is held.
+func (n *Node) assignHot(l *hotLeader, id string, keys []uint64, term uint64) {
+	if len(keys) > 0 {
+		l.assigned[id] = true
+	} else {
+		delete(l.assigned, id)
+	}
+	node := n.metaFSM.node(id)
+	if node == nil {
+		return
+	}
+	req := &shardpb.AssignHotRequest{Table: l.table, Shard: l.shard, Version: l.version, Term: term, Keys: KeysBytes(keys), LeaderAddr: n.cfg.Addr}
+	n.wg.Go(func() {
+		ps, err := n.peerStub(node.Addr)
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), HotWindow/2)
+		defer cancel()
+		if _, err := ps.AssignHot(ctx, req); err != nil {
+			n.log.Debug("hot-key assignment not delivered", "group", groupID(l.table, l.shard), "node", id, "error", err)
+		}
+	})
+}
+
+func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) (*shardpb.AssignHotResponse, error) {
+	keys, err := DecodeKeys(req.Keys, nil)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if len(keys) > MaxHotKeys {
+		return nil, toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", ErrBadRequest, len(keys), MaxHotKeys))
+	}
+	spec := s.n.metaFSM.table(req.Table)
+	if spec == nil {
+		return nil, toStatus(fmt.Errorf("table %q: %w", req.Table, ErrUnavailable))
+	}
+	n := s.n
+	gid := groupID(req.Table, req.Shard)
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	r := n.hot.replicas[gid]
+	if r != nil {
+		r.mu.Lock()
+		older := req.Term < r.term || (req.Term == r.term && req.Version < r.version)
+		r.mu.Unlock()
+		if older {
+			return &shardpb.AssignHotResponse{}, nil
+		}
+	}
+	if len(keys) == 0 {
+		if r != nil {
+			close(r.stop)
+			delete(n.hot.replicas, gid)
+		}
+		return &shardpb.AssignHotResponse{}, nil
+	}
+	if r == nil {
+		r = &hotReplica{table: req.Table, shard: req.Shard, dim: int(spec.Dim), stop: make(chan struct{})}
+		n.hot.replicas[gid] = r
+		n.wg.Go(func() { n.refreshHotLoop(r) })
+	}
+	r.mu.Lock()
+	r.leaderAddr, r.term, r.version, r.renewed = req.LeaderAddr, req.Term, req.Version, time.Now()
+	r.keys = keys
+	r.mu.Unlock()
+	return &shardpb.AssignHotResponse{}, nil
+}
+
+// expireHotReplicas drops read replicas no leader renewed lately.
+func (n *Node) expireHotReplicas() {
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	for gid, r := range n.hot.replicas {
+		r.mu.Lock()
+		old := time.Since(r.renewed) > hotAssignTTL
+		r.mu.Unlock()
+		if old {
+			close(r.stop)
+			delete(n.hot.replicas, gid)
+		}
+	}
+}
+
+// refreshHotLoop copies r's hot rows from the shard leader until r stops:
+// every quarter of a bounded table's bound (so a steady copy is never older
+// than half of it when served), else every hotEventualRefresh.
+func (n *Node) refreshHotLoop(r *hotReplica) {
+	for {
+		every := hotEventualRefresh
+		if spec := n.metaFSM.table(r.table); spec != nil && spec.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
+			every = max(time.Duration(spec.StalenessBoundNs)/4, 2*time.Millisecond)
+		}
+		n.refreshHot(r)
+		select {
+		case <-r.stop:
+			return
+		case <-n.closed:
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+func (n *Node) refreshHot(r *hotReplica) {
+	r.mu.Lock()
+	addr, keys := r.leaderAddr, slices.Clone(r.keys)
+	r.mu.Unlock()
+	ps, err := n.peerStub(addr)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leaseRefreshTimeout)
+	defer cancel()
+	sent := time.Now()
+	resp, err := ps.HotRows(ctx, &shardpb.HotRowsRequest{Table: r.table, Shard: r.shard, Keys: KeysBytes(keys)})
+	if err != nil {
+		n.log.Debug("hot rows not refreshed", "group", groupID(r.table, r.shard), "leader", addr, "error", err)
+		return
+	}
+	rows, err := DecodeValues(resp.Values, nil)
+	if err != nil || len(rows) != len(keys)*r.dim {
+		n.log.Warn("hot rows answer malformed", "group", groupID(r.table, r.shard), "leader", addr, "values", len(rows), "keys", len(keys))
+		return
+	}
+	index := make(map[uint64]int, len(keys))
+	for i, k := range keys {
+		index[k] = i
+	}
+	r.mu.Lock()
+	r.index, r.rows, r.asOf = index, rows, sent
+	r.mu.Unlock()
+}
+
+func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*shardpb.HotRowsResponse, error) {
+	keys, err := DecodeKeys(req.Keys, nil)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if len(keys) > MaxHotKeys {
+		return nil, toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", ErrBadRequest, len(keys), MaxHotKeys))
+	}
+	g := s.n.Group(req.Table, req.Shard)
+	spec := s.n.metaFSM.table(req.Table)
+	if g == nil || spec == nil {
+		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+	}
+	out := make([]float32, len(keys)*int(spec.Dim))
+	if err := g.Pull(ctx, keys, out, true); err != nil {
+		return nil, toStatus(err)
+	}
+	return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex()}, nil
+}
+
+// serveHot serves a pull from this node's hot rows of the shard, if it
+// read-replicates every key asked and its copy is fresh enough for level;
+// ok is false if it holds no hot rows of the shard at all.
+func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, level shardpb.Consistency, bound time.Duration) (out []float32, ok bool, err error) {
+	n.hot.mu.Lock()
+	r := n.hot.replicas[groupID(spec.Name, shard)]
+	n.hot.mu.Unlock()
+	if r == nil {
+		return nil, false, nil
+	}
+	gid := groupID(spec.Name, shard)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.asOf.IsZero() {
+		return nil, true, fmt.Errorf("group %s: %w: node %s has not copied them yet", gid, ErrNotHot, n.cfg.ID)
+	}
+	switch age := leaseAge(r.asOf, time.Now()); level {
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		if age > bound {
+			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old, over the %s bound", gid, ErrNotHot, n.cfg.ID, age.Round(time.Millisecond), bound)
+		}
+	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		if age > eventualAbandon {
+			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old", gid, ErrNotHot, n.cfg.ID, age.Round(time.Millisecond))
+		}
+	default:
+		return nil, true, fmt.Errorf("group %s: %w: read replicas do not serve %s reads", gid, ErrNotHot, levelName(level))
+	}
+	if r.dim != int(spec.Dim) {
+		return nil, true, fmt.Errorf("group %s: %w: copy of dim %d", gid, ErrNotHot, r.dim)
+	}
+	out = make([]float32, len(keys)*r.dim)
+	for i, k := range keys {
+		j, has := r.index[k]
+		if !has {
+			return nil, true, fmt.Errorf("group %s: %w: key %d is not hot here", gid, ErrNotHot, k)
+		}
+		copy(out[i*r.dim:(i+1)*r.dim], r.rows[j*r.dim:(j+1)*r.dim])
+	}
+	return out, true, nil
+}
+
+// hotShards returns the hot sets of the shards this node leads (of table,
+// or of all tables if it is empty), by table and shard.
+func (n *Node) hotShards(table string) []*shardpb.HotShard {
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	var out []*shardpb.HotShard
+	for _, l := range n.hot.leading {
+		if (table != "" && l.table != table) || len(l.keys) == 0 {
+			continue
+		}
+		g := n.Group(l.table, l.shard)
+		if g == nil || g.Raft().State() != raft.Leader {
+			continue
+		}
+		hs := &shardpb.HotShard{Table: l.table, Shard: l.shard, Version: l.version, Keys: l.keys}
+		for _, id := range l.replicas {
+			if node := n.metaFSM.node(id); node != nil {
+				hs.ReplicaIds, hs.ReplicaAddrs = append(hs.ReplicaIds, id), append(hs.ReplicaAddrs, node.Addr)
+			}
+		}
+		out = append(out, hs)
+	}
+	slices.SortFunc(out, func(a, b *shardpb.HotShard) int {
+		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Shard, b.Shard))
+	})
+	return out
+}
+
+func (s *service) HotKeys(ctx context.Context, req *shardpb.HotKeysRequest) (*shardpb.HotKeysResponse, error) {
+	return &shardpb.HotKeysResponse{Shards: s.n.hotShards(req.Table)}, nil
+}
+
+// HotShards returns the hot sets of the shards of table (all tables if
+// empty) that this node leads.
+func (n *Node) HotShards(table string) []*shardpb.HotShard { return n.hotShards(table) }

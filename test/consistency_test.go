@@ -1,0 +1,265 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// served sums the cluster's served-pull counters of one role and level.
+func served(c *Cluster, role, level string) (requests, refused uint64) {
+	for i := range c.Len() {
+		n := c.Node(i)
+		if n == nil {
+			continue
+		}
+		for _, s := range n.Served() {
+			if s.Role == role && s.Level == level {
+				requests += s.Requests
+				refused += s.Refused
+			}
+		}
+	}
+	return requests, refused
+}
+
+func levelSpec(name string, level shardpb.Consistency, bound time.Duration) *shardpb.TableSpec {
+	spec := counterSpec(name, 4)
+	spec.Shards = 2
+	spec.Consistency, spec.StalenessBoundNs = level, int64(bound)
+	return spec
+}
+
+// TestConsistencyLevelsServedWhere checks, from the nodes' served-pull
+// counters, that linearizable pulls are served by leaders only and bounded
+// and eventual pulls by followers too; that every bounded pull reflects the
+// pushes acknowledged more than its bound before it began; and that a
+// weaker level than the table's is refused unless asked for knowingly.
+func TestConsistencyLevelsServedWhere(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	const bound = 100 * time.Millisecond
+	tables := []struct {
+		name  string
+		level shardpb.Consistency
+		bound time.Duration
+	}{
+		{"lin", shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0},
+		{"bnd", shardpb.Consistency_CONSISTENCY_BOUNDED, bound},
+		{"evt", shardpb.Consistency_CONSISTENCY_EVENTUAL, 0},
+	}
+	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	out := make([]float32, len(keys)*4)
+	for _, tb := range tables {
+		if _, err := cl.CreateTable(ctx, levelSpec(tb.name, tb.level, tb.bound)); err != nil {
+			t.Fatal(err)
+		}
+		for range 60 {
+			if err := cl.Pull(ctx, tb.name, keys, out); err != nil {
+				t.Fatalf("%s: %v", tb.name, err)
+			}
+		}
+	}
+	if r, _ := served(c, "follower", "linearizable"); r != 0 {
+		t.Errorf("followers served %d linearizable pulls; only leaders may", r)
+	}
+	if r, _ := served(c, "leader", "linearizable"); r < 60 {
+		t.Errorf("leaders served %d linearizable pulls, want at least 60", r)
+	}
+	for _, level := range []string{"bounded", "eventual"} {
+		if r, _ := served(c, "follower", level); r == 0 {
+			t.Errorf("no %s pull was served by a follower: reads are not spread", level)
+		}
+	}
+
+	// Staleness: a bounded pull that begins more than the bound after a
+	// push was acknowledged reflects it, wherever it is served.
+	grad := make([]float32, 4)
+	for i := range 40 {
+		key := []uint64{uint64(100 + i%4)}
+		grad[0] = 1
+		if err := cl.Push(ctx, "bnd", key, grad); err != nil {
+			t.Fatal(err)
+		}
+		want := float32(-(i/4 + 1))
+		time.Sleep(bound + bound/10)
+		row := make([]float32, 4)
+		if err := cl.Pull(ctx, "bnd", key, row); err != nil {
+			t.Fatal(err)
+		}
+		if row[0] != want {
+			t.Fatalf("push %d: bounded pull %s after the ack read %v, want %v", i, bound+bound/10, row[0], want)
+		}
+	}
+
+	// Weaker than the table: refused, unless asked for knowingly.
+	err := cl.PullOpts(ctx, "lin", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL})
+	if !errors.Is(err, shard.ErrWeakerConsistency) {
+		t.Errorf("eventual pull of a linearizable table: %v, want ErrWeakerConsistency", err)
+	}
+	if err := cl.PullOpts(ctx, "lin", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL, AllowWeaker: true}); err != nil {
+		t.Errorf("eventual pull of a linearizable table with AllowWeaker: %v", err)
+	}
+	err = cl.PullOpts(ctx, "bnd", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: time.Second})
+	if !errors.Is(err, shard.ErrWeakerConsistency) && err != nil {
+		t.Errorf("looser bound: %v", err)
+	}
+	// Stronger is always allowed, and served by leaders.
+	before, _ := served(c, "follower", "linearizable")
+	for range 10 {
+		if err := cl.PullOpts(ctx, "evt", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_LINEARIZABLE}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after, _ := served(c, "follower", "linearizable"); after != before {
+		t.Errorf("linearizable pulls of an eventual table reached followers (%d)", after-before)
+	}
+
+	// Alter: bnd becomes linearizable; then no follower serves it.
+	spec, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "bnd", Consistency: shardpb.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Consistency != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || spec.StalenessBoundNs != 0 {
+		t.Fatalf("altered spec %v", spec)
+	}
+	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "bnd", Consistency: shardpb.Consistency_CONSISTENCY_BOUNDED}); err == nil {
+		t.Error("altering to bounded without a bound succeeded")
+	}
+	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "nope", Consistency: shardpb.Consistency_CONSISTENCY_EVENTUAL}); err == nil {
+		t.Error("altering an unknown table succeeded")
+	}
+}
+
+// TestHotKeysGetReadReplicas pulls one key of a bounded table far more than
+// the others, and checks that it becomes hot, gets read replicas on the two
+// nodes outside its shard's replica set, that those serve it, and that what
+// they serve stays within the bound.
+func TestHotKeysGetReadReplicas(t *testing.T) {
+	c := StartCluster(t, 5, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	const bound = 100 * time.Millisecond
+	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, bound)
+	spec.HotThreshold, spec.HotReplicas = 50, 2
+	if _, err := cl.CreateTable(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	hotKey := []uint64{42}
+	row := make([]float32, 4)
+	grad := []float32{1, 0, 0, 0}
+	pushes := 0
+	deadline := time.Now().Add(20 * time.Second)
+	var hot []*shardpb.HotShard
+	for time.Now().Before(deadline) && len(hot) == 0 {
+		for range 50 {
+			if err := cl.Pull(ctx, "hot", hotKey, row); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range c.Len() {
+			hot = append(hot, c.Node(i).HotShards("hot")...)
+		}
+	}
+	if len(hot) != 1 || len(hot[0].Keys) != 1 || hot[0].Keys[0].Key != 42 {
+		t.Fatalf("hot sets %v, want key 42 alone", hot)
+	}
+	if len(hot[0].ReplicaIds) != 2 {
+		t.Fatalf("key 42 has read replicas %v, want 2", hot[0].ReplicaIds)
+	}
+	t.Logf("key 42 hot at %.0f pulls/s, read replicas %v", hot[0].Keys[0].Rate, hot[0].ReplicaIds)
+	// Read replicas serve it, and what they serve honours the bound.
+	deadline = time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := cl.Push(ctx, "hot", hotKey, grad); err != nil {
+			t.Fatal(err)
+		}
+		pushes++
+		time.Sleep(bound + bound/10)
+		for range 20 {
+			if err := cl.Pull(ctx, "hot", hotKey, row); err != nil {
+				t.Fatal(err)
+			}
+			if row[0] != float32(-pushes) {
+				t.Fatalf("after %d pushes acknowledged over %s ago a bounded pull read %v", pushes, bound, row[0])
+			}
+		}
+		if r, _ := served(c, "read-replica", "bounded"); r > 20 && pushes > 5 {
+			break
+		}
+	}
+	r, refused := served(c, "read-replica", "bounded")
+	if r == 0 {
+		t.Fatal("no pull was served by a read replica")
+	}
+	t.Logf("read replicas served %d pulls (%d refused), %d pushes checked", r, refused, pushes)
+}
+
+// TestCutOffReplicaRefusesBoundedReads kills two of a shard's three nodes,
+// so the survivor has no leader to renew its read lease with, and asks it
+// directly: a bounded read is refused once the bound has passed since its
+// last lease (the client would go elsewhere), a linearizable one at once,
+// while an eventual read is still served from what it has.
+func TestCutOffReplicaRefusesBoundedReads(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	const bound = 100 * time.Millisecond
+	spec := levelSpec("cut", shardpb.Consistency_CONSISTENCY_BOUNDED, bound)
+	spec.Shards = 1
+	if _, err := cl.CreateTable(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Push(ctx, "cut", []uint64{5}, []float32{2, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged("cut", 0, 10*time.Second)
+	survivor := (c.Leader("cut", 0, 5*time.Second) + 1) % 3
+	addr := c.Node(survivor).Addr()
+	for i := range 3 {
+		if i != survivor {
+			c.Kill(i)
+		}
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st := shardpb.NewParameterServerClient(conn)
+	pull := func(level shardpb.Consistency) (float32, error) {
+		resp, err := st.Pull(ctx, &shardpb.PullRequest{Table: "cut", Shard: 0, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, AllowWeaker: true})
+		if err != nil {
+			return 0, err
+		}
+		v, err := shard.DecodeValues(resp.Values, nil)
+		if err != nil {
+			return 0, err
+		}
+		return v[0], nil
+	}
+	time.Sleep(bound + bound/2)
+	if _, err := pull(shardpb.Consistency_CONSISTENCY_BOUNDED); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), shard.ErrTooStale.Error()) {
+		t.Errorf("bounded read of a cut-off replica %s after its lease: %v, want Unavailable %q", bound+bound/2, err, shard.ErrTooStale)
+	}
+	if _, err := pull(shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err == nil {
+		t.Error("linearizable read of a cut-off follower succeeded")
+	}
+	if v, err := pull(shardpb.Consistency_CONSISTENCY_EVENTUAL); err != nil || v != -2 {
+		t.Errorf("eventual read of a cut-off replica: %v, %v; want its row -2", v, err)
+	}
+	if _, refused := served(c, "follower", "bounded"); refused == 0 {
+		t.Error("the refused bounded read was not counted")
+	}
+}

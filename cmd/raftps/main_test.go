@@ -25,6 +25,19 @@ func TestRun(t *testing.T) {
 		{[]string{"node", "remove", "n1", "--wait"}, 2, "", "flag provided but not defined: -wait"},
 		{[]string{"cluster", "add"}, 1, "", "--dir is required"},
 		{[]string{"server", "--id", "n1", "--addr", "127.0.0.1:0", "--data-dir", "DIR", "--bootstrap", "--join", "127.0.0.1:1"}, 1, "", "give one of --peers, --bootstrap and --join"},
+		{[]string{"table", "frob"}, 2, "", "want create, alter, list or describe"},
+		{[]string{"table", "alter"}, 2, "", "usage: raftps table alter NAME"},
+		{[]string{"table", "alter", "t", "--cluster", ""}, 1, "", "nothing to change"},
+		{[]string{"table", "alter", "t", "--consistency", "bounded:soon", "--cluster", ""}, 1, "", "want bounded:DURATION"},
+		{[]string{"table", "alter", "t", "--hot-replicas", "17", "--cluster", ""}, 1, "", "--hot-replicas 17: want 0..16"},
+		{[]string{"table", "alter", "t", "--hot-threshold", "0", "--cluster", ""}, 1, "", "no cluster given"},
+		{[]string{"table", "create", "t", "--dim", "4", "--hot-threshold", "-1"}, 1, "", "--hot-threshold -1: want pulls a second >= 0"},
+		{[]string{"table", "create", "t", "--dim", "4", "--hot-replicas", "3"}, 1, "", "without a --hot-threshold"},
+		// Bounded tables are no longer refused before the cluster is asked.
+		{[]string{"table", "create", "t", "--dim", "4", "--consistency", "bounded:100ms", "--hot-threshold", "1000", "--cluster", ""}, 1, "", "no cluster given"},
+		{[]string{"pull", "t", "1", "--consistency", "bounded", "--cluster", ""}, 1, "", "want bounded:DURATION"},
+		{[]string{"pull", "t", "1", "--consistency", "eventual", "--allow-weaker", "--cluster", ""}, 1, "", "no cluster given"},
+		{[]string{"status", "--hot", "--cluster", ""}, 1, "", "no cluster given"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(tc.args, &out, &errb); code != tc.code {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -56,11 +57,33 @@ type movingJSON struct {
 	Adding   string   `json:"adding"`
 }
 
+// hotJSON is one hot key of a table shard, as the shard's leader has it,
+// and the read replicas (node IDs) that serve it besides the shard.
+type hotJSON struct {
+	Table        string   `json:"table"`
+	Shard        uint32   `json:"shard"`
+	Key          uint64   `json:"key"`
+	Rate         float64  `json:"rate"` // pulls a second, all replicas together
+	ReadReplicas []string `json:"read_replicas"`
+}
+
+// servedJSON counts the pulls one node served in one role at one level
+// since it started, and those it refused as too stale.
+type servedJSON struct {
+	Node     string `json:"node"`
+	Role     string `json:"role"`  // "leader", "follower" or "read-replica"
+	Level    string `json:"level"` // "linearizable", "bounded" or "eventual"
+	Requests uint64 `json:"requests"`
+	Rows     uint64 `json:"rows"`
+	Refused  uint64 `json:"refused"`
+}
+
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps status", flag.ContinueOnError)
 	var cf clusterFlags
 	cf.register(fs)
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for each node")
+	showHot := fs.Bool("hot", false, "after the rest, print the hot keys of every table shard and their read replicas (--json always has them)")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
@@ -78,6 +101,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	var view *shardpb.StatusResponse
 	rpc := map[string]string{}             // by address
 	self := map[string]*shardpb.NodeInfo{} // each answering node about itself
+	var answers []*shardpb.StatusResponse
+	served := []servedJSON{}
 	for i := 0; i < len(addrs); i++ {
 		addr := addrs[i]
 		if seen[addr] {
@@ -92,6 +117,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		rpc[addr] = "up"
+		answers = append(answers, st)
+		for _, c := range st.Served {
+			served = append(served, servedJSON{Node: st.NodeId, Role: c.Role, Level: c.Level, Requests: c.Requests, Rows: c.Rows, Refused: c.Refused})
+		}
 		for _, p := range st.Nodes {
 			if p.Id == st.NodeId {
 				self[p.Id] = p
@@ -148,6 +177,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		return strings.Compare(a.Node, b.Node)
 	})
+	// Stable: each node's counters stay in the order it gave them.
+	slices.SortStableFunc(served, func(a, b servedJSON) int { return strings.Compare(a.Node, b.Node) })
+	hot := hotRows(answers)
 	if cf.json {
 		_ = printJSON(stdout, struct {
 			Nodes           []nodeJSON    `json:"nodes"`
@@ -156,7 +188,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			Moving          []movingJSON  `json:"moving"`
 			Replicas        []replicaJSON `json:"replicas"`
 			Jobs            []jobJSON     `json:"jobs"`
-		}{nodes, mapVersion, underReplicated, moving, replicas, jobRows})
+			Hot             []hotJSON     `json:"hot"`
+			Served          []servedJSON  `json:"served"`
+		}{nodes, mapVersion, underReplicated, moving, replicas, jobRows, hot, served})
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -174,6 +208,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	for _, m := range moving {
 		fmt.Fprintf(tw, "  %s/%d adding %s (replicas %s)\n", m.Table, m.Shard, m.Adding, strings.Join(m.Replicas, ","))
 	}
+	if len(served) > 0 {
+		fmt.Fprintln(tw, "\nNODE\tPULLS AS LEADER\tAS FOLLOWER\tAS READ-REPLICA\tROWS\tREFUSED")
+		for _, s := range servedByNode(served) {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", s.node, s.requests[0], s.requests[1], s.requests[2], s.rows, s.refused)
+		}
+	}
 	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS")
 	for _, r := range replicas {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Group, r.Node, r.State, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows)
@@ -185,7 +225,99 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	tw.Flush()
+	if *showHot {
+		fmt.Fprintln(stdout)
+		printHot(stdout, hot)
+	}
 	return 0
+}
+
+// hotRows flattens the hot sets the answering nodes report for the shards
+// they lead into one row per key, by table, shard and rate (highest first).
+// While leadership moves, a deposed leader that has not noticed yet may
+// report a shard too: the answer of the node with the highest term of the
+// shard's group wins, as it is the current leader's (or closer to it).
+func hotRows(answers []*shardpb.StatusResponse) []hotJSON {
+	type source struct {
+		term uint64
+		hs   *shardpb.HotShard
+	}
+	best := map[string]source{}
+	for _, st := range answers {
+		terms := map[string]uint64{}
+		for _, r := range st.Replicas {
+			terms[r.Group] = r.Term
+		}
+		for _, hs := range st.Hot {
+			g := fmt.Sprintf("%s/%d", hs.Table, hs.Shard)
+			cur, ok := best[g]
+			if !ok || terms[g] > cur.term || (terms[g] == cur.term && hs.Version > cur.hs.Version) {
+				best[g] = source{terms[g], hs}
+			}
+		}
+	}
+	rows := []hotJSON{}
+	for _, src := range best {
+		ids := src.hs.ReplicaIds
+		if ids == nil {
+			ids = []string{} // JSON [] rather than null: no read replicas yet
+		}
+		for _, k := range src.hs.Keys {
+			rows = append(rows, hotJSON{Table: src.hs.Table, Shard: src.hs.Shard, Key: k.Key, Rate: k.Rate, ReadReplicas: ids})
+		}
+	}
+	slices.SortFunc(rows, func(a, b hotJSON) int {
+		return cmp.Or(strings.Compare(a.Table, b.Table), cmp.Compare(a.Shard, b.Shard), cmp.Compare(b.Rate, a.Rate), cmp.Compare(a.Key, b.Key))
+	})
+	return rows
+}
+
+// printHot prints the rows of hotRows as status --hot does.
+func printHot(w io.Writer, rows []hotJSON) {
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no hot keys")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tSHARD\tKEY\tRATE(pulls/s)\tREAD-REPLICAS")
+	for _, r := range rows {
+		ids := strings.Join(r.ReadReplicas, ",")
+		if ids == "" {
+			ids = "(none)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", r.Table, r.Shard, r.Key, r.Rate, ids)
+	}
+	tw.Flush()
+}
+
+// nodeServed sums one node's served counters over the levels: requests by
+// role (leader, follower, read-replica), rows and refusals over all.
+type nodeServed struct {
+	node          string
+	requests      [3]uint64
+	rows, refused uint64
+}
+
+// servedByNode sums served, which is sorted by node, into one row a node.
+func servedByNode(served []servedJSON) []nodeServed {
+	var out []nodeServed
+	for _, s := range served {
+		if len(out) == 0 || out[len(out)-1].node != s.Node {
+			out = append(out, nodeServed{node: s.Node})
+		}
+		n := &out[len(out)-1]
+		switch s.Role {
+		case "leader":
+			n.requests[0] += s.Requests
+		case "follower":
+			n.requests[1] += s.Requests
+		case "read-replica":
+			n.requests[2] += s.Requests
+		}
+		n.rows += s.Rows
+		n.refused += s.Refused
+	}
+	return out
 }
 
 func replicaOf(node string, r *shardpb.ReplicaStatus) replicaJSON {

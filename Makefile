@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
 PROTOC_VERSION             := 3.21.12
 PROTOS := shard/shardpb/raftps.proto replication/transportpb/transport.proto
 
-.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-train fuzz demo proto proto-check clean
+.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -105,6 +105,10 @@ bench-collective: ## allreduce bus bandwidth vs raw loopback TCP, N = 2, 4, 8, 8
 bench-elastic: ## repair of a 1M-row table after a node death, push throughput while a joined node is filled (~2 min)
 	@mkdir -p bin
 	$(GO) test ./test -run '^$$' -bench 'BenchmarkElasticRepair' -benchtime 1x -timeout 30m | tee bin/bench-elastic.txt
+
+bench-consistency: ## pull rows/s, p99 and busiest-node share per consistency level, hot-key replicas off/on, Zipf 1.1 and 1.3, 5 nodes (~2.5 min)
+	@mkdir -p bin
+	$(GO) test ./test -run '^$$' -bench 'BenchmarkConsistencyLevels' -benchtime 1x -timeout 30m | tee bin/bench-consistency.txt
 
 bench-train: ## time to Bayes AUC - 0.01 of 4 trainers per mode, one slowed 3x, on a local cluster (~15 min)
 	@mkdir -p bin

@@ -41,22 +41,7 @@ func BenchmarkElasticRepair(b *testing.B) {
 			b.Fatal(err)
 		}
 		c.waitSettled(b, "big", 3, nil, 30*time.Second)
-		loadStart := time.Now()
-		const batch = 8192
-		keys := make([]uint64, batch)
-		grads := make([]float32, batch*dim)
-		for i := range grads {
-			grads[i] = 1
-		}
-		for k := 0; k < rows; k += batch {
-			for i := range keys {
-				keys[i] = uint64(k + i)
-			}
-			if err := cl.Push(ctx, "big", keys, grads); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.Logf("loaded %d rows of dim %d in %s", rows, dim, time.Since(loadStart).Round(time.Millisecond))
+		loadRows(b, cl, "big", rows, dim)
 
 		// Repair: kill the node holding the most replicas.
 		reps, _ := c.loads("big")

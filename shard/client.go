@@ -56,7 +56,17 @@ type Client struct {
 	leaders map[string]string    // group ID -> leader address
 	seqs    map[string]*atomic.Uint64
 	hot     map[string]*hotView // by table: hot keys and their read replicas
+	// specAt: when each table's spec was learnt; a spec older than specTTL
+	// is refreshed in the background, so an alter by another client (a new
+	// level, hot keys on) reaches this one. specBusy: refresh running.
+	specAt   map[string]time.Time
+	specBusy map[string]bool
+	closed   bool
 }
+
+// specTTL is how long a client uses a table's spec before it refreshes it
+// in the background.
+const specTTL = 5 * time.Second
 
 // NewClient returns a client of the cluster at cfg.Addrs. It connects lazily.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -82,7 +92,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	return &Client{
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
 		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
-		hot: map[string]*hotView{},
+		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{},
 	}, nil
 }
 
@@ -93,6 +103,7 @@ func (c *Client) ID() uint64 { return c.cfg.ClientID }
 func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	var errs []error
 	for _, cc := range c.conns {
 		errs = append(errs, cc.Close())
@@ -104,6 +115,9 @@ func (c *Client) Close() error {
 func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("raftps client: %w", ErrClientClosed)
+	}
 	cc, ok := c.conns[addr]
 	if !ok {
 		var err error
@@ -313,7 +327,7 @@ func (c *Client) CreateTable(ctx context.Context, spec *shardpb.TableSpec) (*sha
 		return nil, err
 	}
 	c.mu.Lock()
-	c.tables[out.Name] = out
+	c.tables[out.Name], c.specAt[out.Name] = out, time.Now()
 	c.mu.Unlock()
 	return out, nil
 }
@@ -384,7 +398,7 @@ func (c *Client) describeAt(ctx context.Context, name, addr string) (*shardpb.De
 func (c *Client) learn(name string, d *shardpb.DescribeTableResponse) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.tables[name] = d.Spec
+	c.tables[name], c.specAt[name] = d.Spec, time.Now()
 	tm := c.maps[name]
 	if tm == nil || len(tm.shards) != len(d.Shards) {
 		tm = &tableMap{shards: make([]*shardpb.ShardMap, len(d.Shards)), addr: map[string]string{}}
@@ -442,6 +456,9 @@ func (c *Client) Status(ctx context.Context, addr string) (*shardpb.StatusRespon
 func (c *Client) spec(ctx context.Context, table string) (*shardpb.TableSpec, error) {
 	c.mu.Lock()
 	s := c.tables[table]
+	if s != nil && time.Since(c.specAt[table]) > specTTL {
+		c.refreshSpecLocked(table)
+	}
 	c.mu.Unlock()
 	if s != nil {
 		return s, nil
@@ -451,6 +468,25 @@ func (c *Client) spec(ctx context.Context, table string) (*shardpb.TableSpec, er
 		return nil, err
 	}
 	return d.Spec, nil
+}
+
+// refreshSpecLocked describes table in the background, unless that is
+// already under way; c.mu is held. A failed refresh is tried again after
+// specTTL, not at once, so a down metadata service is not hammered.
+func (c *Client) refreshSpecLocked(table string) {
+	if c.specBusy[table] || c.closed {
+		return
+	}
+	c.specBusy[table] = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = c.Describe(ctx, table)
+		c.mu.Lock()
+		c.specBusy[table] = false
+		c.specAt[table] = time.Now()
+		c.mu.Unlock()
+	}()
 }
 
 // split groups the distinct keys of a batch by shard. idx[i] is the position

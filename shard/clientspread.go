@@ -24,9 +24,10 @@ type hotShardView struct {
 	addrs []string // read replicas
 }
 
-// hotShardsOf returns the client's view of table's hot sets, refreshing it
-// first if it is older than a window and no other pull is doing so.
-func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[uint32]*hotShardView {
+// hotShardsOf returns the client's view of table's hot sets, and starts a
+// background refresh if it is older than a window and none runs: no pull
+// waits for one.
+func (c *Client) hotShardsOf(spec *shardpb.TableSpec) map[uint32]*hotShardView {
 	if spec.HotThreshold <= 0 {
 		return nil
 	}
@@ -36,10 +37,10 @@ func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[u
 		v = &hotView{}
 		c.hot[spec.Name] = v
 	}
-	if v.refreshing || time.Since(v.at) < HotWindow {
-		shards := v.shards
+	current := v.shards
+	if v.refreshing || time.Since(v.at) < HotWindow || c.closed {
 		c.mu.Unlock()
-		return shards
+		return current
 	}
 	v.refreshing = true
 	var addrs []string
@@ -52,10 +53,14 @@ func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[u
 	addrs = append(addrs, c.cfg.Addrs...)
 	slices.Sort(addrs)
 	addrs = slices.Compact(addrs)
+	go c.fetchHot(spec.Name, v, addrs)
+	return current
+}
 
-	// Every node answers for the shards it leads; one round trip each, in
-	// parallel, bounded well below a pull's patience.
-	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+// fetchHot asks every node for the hot sets of the shards it leads (one
+// call each, in parallel) and replaces v's.
+func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
+	rctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	shards := map[uint32]*hotShardView{}
 	versions := map[uint32]uint64{}
@@ -67,7 +72,7 @@ func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[u
 			if err != nil {
 				return
 			}
-			resp, err := st.HotKeys(rctx, &shardpb.HotKeysRequest{Table: spec.Name})
+			resp, err := st.HotKeys(rctx, &shardpb.HotKeysRequest{Table: table})
 			if err != nil {
 				return
 			}
@@ -89,7 +94,6 @@ func (c *Client) hotShardsOf(ctx context.Context, spec *shardpb.TableSpec) map[u
 	c.mu.Lock()
 	v.shards, v.at, v.refreshing = shards, time.Now(), false
 	c.mu.Unlock()
-	return shards
 }
 
 // spreadPart is one request of a spread pull: some keys of one shard, to one
@@ -108,10 +112,12 @@ func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys [
 	sp := splitKeys(keys, spec.Shards)
 	if len(c.replicaAddrs(table, 0)) == 0 {
 		// The client knows the table but not its placement (it created the
-		// table): learn it, or every spread pull would go to one node.
-		_, _ = c.Describe(ctx, table)
+		// table): learn it, or spread pulls would all go to the leaders.
+		c.mu.Lock()
+		c.refreshSpecLocked(table)
+		c.mu.Unlock()
 	}
-	hot := c.hotShardsOf(ctx, spec)
+	hot := c.hotShardsOf(spec)
 	rows := make([][]byte, spec.Shards)
 	// Each pull ranks the nodes in a random order and asks every shard's
 	// first-ranked replica (a hot key's: replica or read replica): over
@@ -274,7 +280,7 @@ func (c *Client) AlterTable(ctx context.Context, req *shardpb.AlterTableRequest)
 		return nil, fmt.Errorf("alter table %q: %w", req.Name, err)
 	}
 	c.mu.Lock()
-	c.tables[out.Name] = out
+	c.tables[out.Name], c.specAt[out.Name] = out, time.Now()
 	delete(c.hot, out.Name)
 	c.mu.Unlock()
 	return out, nil

@@ -33,6 +33,7 @@ const leaseRefreshTimeout = time.Second
 // after asOf, and confirmed it still led; this replica then applied that
 // index.
 type readLease struct {
+	g          *replication.Group // the replica it is about; a reopened group gets a new lease
 	mu         sync.Mutex
 	asOf       time.Time     // zero: never established
 	refreshing chan struct{} // non-nil while a refresh runs; closed when it ends
@@ -45,22 +46,28 @@ func leaseAge(asOf, now time.Time) time.Duration {
 	return time.Duration(float64(now.Sub(asOf)) * (1 + ClockRateAllowance))
 }
 
-// lease returns the read lease of a group, creating it.
-func (n *Node) lease(group string) *readLease {
+// lease returns the read lease of g, creating it. A lease belongs to one
+// Group object: a replica closed and opened again starts from its
+// snapshot, behind what its old lease vouched for, so it gets a new one.
+func (n *Node) lease(g *replication.Group) *readLease {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
-	l := n.leases[group]
-	if l == nil {
-		l = &readLease{}
-		n.leases[group] = l
+	l := n.leases[g.ID()]
+	if l == nil || l.g != g {
+		l = &readLease{g: g}
+		n.leases[g.ID()] = l
 	}
 	return l
 }
 
-// dropLease forgets a group's lease (its replica closed).
-func (n *Node) dropLease(group string) {
+// dropLease forgets g's lease once g is closed. A read that still holds g
+// may create a new one meanwhile; it vouches only for g, which is closed
+// and serves nothing, and the next lease(g') replaces it.
+func (n *Node) dropLease(g *replication.Group) {
 	n.leaseMu.Lock()
-	delete(n.leases, group)
+	if l := n.leases[g.ID()]; l != nil && l.g == g {
+		delete(n.leases, g.ID())
+	}
 	n.leaseMu.Unlock()
 }
 
@@ -70,7 +77,7 @@ func (n *Node) dropLease(group string) {
 // life a refresh starts in the background, so a steady stream of reads
 // rarely waits.
 func (n *Node) boundedFresh(ctx context.Context, g *replication.Group, table string, shard uint32, bound time.Duration) error {
-	l := n.lease(g.ID())
+	l := n.lease(g)
 	for attempt := 0; ; attempt++ {
 		l.mu.Lock()
 		now := time.Now()
@@ -110,7 +117,7 @@ func (n *Node) boundedFresh(ctx context.Context, g *replication.Group, table str
 func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, shard uint32) chan struct{} {
 	ch := make(chan struct{})
 	l.refreshing = ch
-	n.wg.Go(func() {
+	started := n.spawn(func() {
 		sent := time.Now()
 		err := n.refreshLease(g, table, shard)
 		l.mu.Lock()
@@ -122,6 +129,10 @@ func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, sh
 		l.mu.Unlock()
 		close(ch)
 	})
+	if !started {
+		l.lastErr, l.refreshing = fmt.Errorf("node %s is stopping", n.cfg.ID), nil
+		close(ch)
+	}
 	return ch
 }
 

@@ -28,6 +28,8 @@ var (
 	// same ClientID and its pushes shadow this one's. Raised by the client
 	// only; no node answers it.
 	ErrClientIDReused = errors.New("client ID reused")
+	// ErrClientClosed: the Client was closed. Raised by the client only.
+	ErrClientClosed = errors.New("client closed")
 	// ErrUnknownJob: the trainer job registry has no such job.
 	ErrUnknownJob = errors.New("unknown job")
 	// ErrRankTaken: a JoinJob asked for a rank of the job's current,
@@ -72,6 +74,11 @@ var codeOf = []struct {
 	err  error
 	code codes.Code
 }{
+	// First: their messages embed the error that made the replica refuse
+	// (a leader not ready, unavailable, ...), and fromStatus takes the
+	// first sentinel whose text the message contains.
+	{ErrTooStale, codes.Unavailable},
+	{ErrNotHot, codes.Unavailable},
 	{replication.ErrNotLeader, codes.FailedPrecondition},
 	{replication.ErrLeaderNotReady, codes.Unavailable},
 	{replication.ErrUnknownOutcome, codes.Unavailable},
@@ -99,8 +106,6 @@ var codeOf = []struct {
 	{ErrNodeConflict, codes.FailedPrecondition},
 	{ErrStaleEpoch, codes.FailedPrecondition},
 	{ErrNotReplica, codes.FailedPrecondition},
-	{ErrTooStale, codes.Unavailable},
-	{ErrNotHot, codes.Unavailable},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }
@@ -159,7 +164,8 @@ func fromStatus(err error) error {
 			return re
 		}
 	}
-	// The message names the sentinel's text; find the most specific match.
+	// The message names the sentinel's text: the first in codeOf whose
+	// text it contains wins, so codeOf lists the wrapping sentinels first.
 	for _, e := range codeOf {
 		if e.code == st.Code() && strings.Contains(st.Message(), e.err.Error()) {
 			re.sentinel = e.err

@@ -276,7 +276,7 @@ func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
 		keys[i], counts[i] = e.key, e.count
 	}
 	req := &shardpb.ReportHotRequest{Table: table, Shard: shard, NodeId: n.cfg.ID, Keys: KeysBytes(keys), Counts: counts}
-	n.wg.Go(func() {
+	n.spawn(func() {
 		ps, err := n.peerStub(leaderAddr)
 		if err != nil {
 			return
@@ -333,9 +333,15 @@ func (n *Node) decideHot() {
 		spec := n.metaFSM.table(l.table)
 		if g == nil || !g.IsLeader() || spec == nil || spec.HotThreshold <= 0 {
 			// Not leading any more, or hot keys were turned off: release the
-			// read replicas (a new leader assigns its own).
+			// read replicas (a new leader assigns its own). The release
+			// carries this node's term, so a read replica does not take it
+			// for a message older than its assignment.
+			var term uint64
+			if g != nil {
+				term = g.Raft().CurrentTerm()
+			}
 			for id := range l.assigned {
-				n.assignHot(l, id, nil, 0)
+				n.assignHot(l, id, nil, term)
 			}
 			delete(n.hot.leading, gid)
 			continue
@@ -457,7 +463,7 @@ func (n *Node) assignHot(l *hotLeader, id string, keys []uint64, term uint64) {
 		return
 	}
 	req := &shardpb.AssignHotRequest{Table: l.table, Shard: l.shard, Version: l.version, Term: term, Keys: KeysBytes(keys), LeaderAddr: n.cfg.Addr}
-	n.wg.Go(func() {
+	n.spawn(func() {
 		ps, err := n.peerStub(node.Addr)
 		if err != nil {
 			return
@@ -482,6 +488,9 @@ func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) 
 	if spec == nil {
 		return nil, toStatus(fmt.Errorf("table %q: %w", req.Table, ErrUnavailable))
 	}
+	if req.Shard >= spec.Shards {
+		return nil, toStatus(fmt.Errorf("table %q has %d shards, not shard %d: %w", req.Table, spec.Shards, req.Shard, ErrUnknownShard))
+	}
 	n := s.n
 	gid := groupID(req.Table, req.Shard)
 	n.hot.mu.Lock()
@@ -489,7 +498,9 @@ func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) 
 	r := n.hot.replicas[gid]
 	if r != nil {
 		r.mu.Lock()
-		older := req.Term < r.term || (req.Term == r.term && req.Version < r.version)
+		// A release from the leader that assigned it always counts.
+		older := (req.Term < r.term || (req.Term == r.term && req.Version < r.version)) &&
+			!(len(keys) == 0 && req.LeaderAddr == r.leaderAddr)
 		r.mu.Unlock()
 		if older {
 			return &shardpb.AssignHotResponse{}, nil
@@ -504,8 +515,10 @@ func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) 
 	}
 	if r == nil {
 		r = &hotReplica{table: req.Table, shard: req.Shard, dim: int(spec.Dim), stop: make(chan struct{})}
+		if !n.spawn(func() { n.refreshHotLoop(r) }) {
+			return nil, toStatus(fmt.Errorf("node %s: %w: stopping", n.cfg.ID, ErrUnavailable))
+		}
 		n.hot.replicas[gid] = r
-		n.wg.Go(func() { n.refreshHotLoop(r) })
 	}
 	r.mu.Lock()
 	r.leaderAddr, r.term, r.version, r.renewed = req.LeaderAddr, req.Term, req.Version, time.Now()
@@ -536,7 +549,9 @@ func (n *Node) refreshHotLoop(r *hotReplica) {
 	for {
 		every := hotEventualRefresh
 		if spec := n.metaFSM.table(r.table); spec != nil && spec.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
-			every = max(time.Duration(spec.StalenessBoundNs)/4, 2*time.Millisecond)
+			// At least 10ms apart: a copy is a linearizable read on the
+			// leader, and a tiny bound must not turn into a storm of them.
+			every = max(time.Duration(spec.StalenessBoundNs)/4, 10*time.Millisecond)
 		}
 		n.refreshHot(r)
 		select {
@@ -559,6 +574,15 @@ func (n *Node) refreshHot(r *hotReplica) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), leaseRefreshTimeout)
 	defer cancel()
+	go func() {
+		select {
+		case <-n.closed:
+			cancel()
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	sent := time.Now()
 	resp, err := ps.HotRows(ctx, &shardpb.HotRowsRequest{Table: r.table, Shard: r.shard, Keys: KeysBytes(keys)})
 	if err != nil {
@@ -600,18 +624,26 @@ func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*sh
 }
 
 // serveHot serves a pull from this node's hot rows of the shard, if it
-// read-replicates every key asked and its copy is fresh enough for level;
-// ok is false if it holds no hot rows of the shard at all.
+// read-replicates every key asked and its copy is fresh enough for level.
+// ok is false if the request is not one for its hot rows at all (none of
+// the shard's, a linearizable read, a key it does not hold): the caller
+// then treats it as any request for a shard this node does not hold, so a
+// client with an old map is told to refresh it.
 func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, level shardpb.Consistency, bound time.Duration) (out []float32, ok bool, err error) {
 	n.hot.mu.Lock()
 	r := n.hot.replicas[groupID(spec.Name, shard)]
 	n.hot.mu.Unlock()
-	if r == nil {
+	if r == nil || level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
 		return nil, false, nil
 	}
 	gid := groupID(spec.Name, shard)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, k := range keys {
+		if _, has := r.index[k]; !has && !r.asOf.IsZero() {
+			return nil, false, nil
+		}
+	}
 	if r.asOf.IsZero() {
 		return nil, true, fmt.Errorf("group %s: %w: node %s has not copied them yet", gid, ErrNotHot, n.cfg.ID)
 	}
@@ -676,3 +708,11 @@ func (s *service) HotKeys(ctx context.Context, req *shardpb.HotKeysRequest) (*sh
 // HotShards returns the hot sets of the shards of table (all tables if
 // empty) that this node leads.
 func (n *Node) HotShards(table string) []*shardpb.HotShard { return n.hotShards(table) }
+
+// ReadReplicates reports whether this node holds hot rows of table/shard
+// as a read replica.
+func (n *Node) ReadReplicates(table string, shard uint32) bool {
+	n.hot.mu.Lock()
+	defer n.hot.mu.Unlock()
+	return n.hot.replicas[groupID(table, shard)] != nil
+}

@@ -162,6 +162,11 @@ type Node struct {
 	served servedCounters
 	hot    hotState
 
+	// spawnMu guards stopping: goroutines started from request handlers
+	// (spawn) must not be added to wg once Close waits on it.
+	spawnMu  sync.Mutex
+	stopping bool
+
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
 	wg     sync.WaitGroup
@@ -298,6 +303,19 @@ func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Ser
 	return rc
 }
 
+// spawn runs fn on a goroutine Close waits for, unless Close is already
+// waiting; it reports whether fn was started. For goroutines started by
+// request handlers, which gRPC's Stop does not wait for.
+func (n *Node) spawn(fn func()) bool {
+	n.spawnMu.Lock()
+	defer n.spawnMu.Unlock()
+	if n.stopping {
+		return false
+	}
+	n.wg.Go(fn)
+	return true
+}
+
 // Addr returns the node's gRPC address.
 func (n *Node) Addr() string { return n.cfg.Addr }
 
@@ -390,11 +408,12 @@ func (n *Node) closeGroup(id string) error {
 	g := n.groups[id]
 	delete(n.groups, id)
 	n.mu.Unlock()
-	n.dropLease(id)
 	if g == nil {
 		return nil
 	}
-	return g.Close()
+	err := g.Close()
+	n.dropLease(g)
+	return err
 }
 
 func (n *Node) startHTTP() error {
@@ -465,6 +484,9 @@ func (n *Node) Close() error {
 			}
 		}
 		n.lis.Close()
+		n.spawnMu.Lock()
+		n.stopping = true
+		n.spawnMu.Unlock()
 		n.wg.Wait()
 	})
 	return errors.Join(errs...)

@@ -204,6 +204,29 @@ func TestHotKeysGetReadReplicas(t *testing.T) {
 		t.Fatal("no pull was served by a read replica")
 	}
 	t.Logf("read replicas served %d pulls (%d refused), %d pushes checked", r, refused, pushes)
+
+	// Hot keys off: the leader releases its read replicas at its next
+	// window, well before their assignment would expire on its own.
+	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "hot", SetHot: true}); err != nil {
+		t.Fatal(err)
+	}
+	shard := hot[0].Shard
+	released := time.Now().Add(3 * time.Second)
+	for {
+		holding := 0
+		for i := range c.Len() {
+			if c.Node(i).ReadReplicates("hot", shard) {
+				holding++
+			}
+		}
+		if holding == 0 {
+			break
+		}
+		if time.Now().After(released) {
+			t.Fatalf("%d read replicas still hold hot rows 3 s after hot keys were turned off", holding)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestCutOffReplicaRefusesBoundedReads kills two of a shard's three nodes,

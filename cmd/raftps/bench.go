@@ -227,8 +227,15 @@ func drawBatches(bc benchConfig, seed uint64) clientBatches {
 	for range benchBatchesPerClient {
 		clear(seen)
 		keys := make([]uint64, 0, bc.batch)
-		for len(keys) < bc.batch {
-			if k := z.Uint64(); !seen[k] {
+		// A steep Zipf repeats its head so often that a large batch of
+		// distinct keys may take millions of draws: after 64 draws a key,
+		// the rest of the batch is uniform, so a batch is always drawn.
+		for draws := 0; len(keys) < bc.batch; draws++ {
+			k := z.Uint64()
+			if draws > 64*bc.batch {
+				k = rng.Uint64N(uint64(bc.keys))
+			}
+			if !seen[k] {
 				seen[k] = true
 				keys = append(keys, k)
 			}

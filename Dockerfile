@@ -1,0 +1,17 @@
+# raftps's image: the static binary alone. No base image is pulled (the
+# binary needs no libc, /etc/passwd, CA certificates or /tmp), so the build
+# works offline. Build it with `make image`, which compiles bin/docker/raftps
+# (CGO_ENABLED=0) and uses bin/docker as the context: the repository is never
+# sent to the daemon.
+FROM scratch
+COPY raftps /raftps
+# An empty directory owned by the unprivileged user: a fresh named volume
+# mounted at /data takes its ownership, so the server can write to it.
+COPY --chown=65532:65532 data /data
+USER 65532:65532
+VOLUME /data
+# gRPC (clients and Raft), HTTP (/healthz, /debug/pprof), memberlist gossip
+# (gRPC port + 1000, TCP and UDP).
+EXPOSE 7001/tcp 7101/tcp 8001/tcp 8001/udp
+ENTRYPOINT ["/raftps"]
+CMD ["help"]

@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
 PROTOC_VERSION             := 3.21.12
 PROTOS := shard/shardpb/raftps.proto replication/transportpb/transport.proto
 
-.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean
+.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean image compose-up compose-down test-docker test-docker-if-engine soak
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -30,7 +30,7 @@ build: ## compile every package and put the raftps binary at bin/raftps
 	CGO_ENABLED=0 $(GO) build ./...
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/raftps ./cmd/raftps
 
-test: verify test-unit test-race test-determinism ## what CI runs: verify, unit tests, race tests, FMA determinism
+test: verify test-unit test-race test-determinism test-docker-if-engine ## what CI runs: verify, unit tests, race tests, FMA determinism, the Docker chaos round when an engine answers
 
 test-unit: ## go test ./... (no race detector)
 	@mkdir -p bin
@@ -83,6 +83,78 @@ fuzz: ## fuzz snapshot loading for FUZZTIME (default 60s)
 
 demo: build ## a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost
 	bin/raftps demo
+
+# A containerised cluster (deploy/docker-compose.yml; docs/OPERATIONS.md,
+# "Docker"). The image is FROM scratch with the static binary built here, so
+# nothing is pulled; the build context is bin/docker alone. COMPOSE is
+# `docker compose` where that works, else docker-compose (v1.28+, for
+# profiles); compose-up waits for every node's healthcheck itself, as v1 has
+# no `up --wait`. COMPOSE_PROFILES=five adds n4 and n5.
+IMAGE           ?= raftps:dev
+COMPOSE         ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
+COMPOSE_PROJECT ?= raftps
+COMPOSE_FILE_   := deploy/docker-compose.yml
+COMPOSE_WAIT    ?= 90
+DC              := $(COMPOSE) -f $(COMPOSE_FILE_) -p $(COMPOSE_PROJECT)
+
+image: ## the FROM scratch image IMAGE (default raftps:dev) with a static bin/docker/raftps
+	@rm -rf bin/docker && mkdir -p bin/docker/data
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/docker/raftps ./cmd/raftps
+	docker build -t $(IMAGE) -f Dockerfile bin/docker
+
+compose-up: image ## start n1..n3 in containers (COMPOSE_PROFILES=five: n1..n5) and wait until all are healthy
+	RAFTPS_IMAGE=$(IMAGE) $(DC) up -d
+	@deadline=$$(( $$(date +%s) + $(COMPOSE_WAIT) )); \
+	while :; do \
+		cs=$$($(DC) ps -q); waiting=; [ -n "$$cs" ] || waiting=" (no containers)"; \
+		for c in $$cs; do \
+			s=$$(docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' $$c); \
+			case "$$s" in *" healthy") ;; *) waiting="$$waiting $${s#/}";; esac; \
+		done; \
+		[ -z "$$waiting" ] && break; \
+		if [ $$(date +%s) -ge $$deadline ]; then echo "compose-up: not healthy after $(COMPOSE_WAIT)s:$$waiting"; exit 1; fi; \
+		sleep 1; \
+	done; \
+	$(DC) ps; echo "cluster up: bin/raftps status --cluster 172.28.0.11:7001"
+
+compose-down: ## remove the containers (n4, n5 too), the network and the data volumes
+	COMPOSE_PROFILES=five $(DC) down -v --remove-orphans
+
+# Chaos (docs/RELIABILITY.md). make test runs a short local round
+# (test/chaos_test.go) and, when a Docker engine answers, test-docker: a
+# fresh compose cluster, a chaos round with kills, pauses and network
+# partitions, then the cluster is removed whatever the verdict.
+CHAOS_DOCKER_ARGS ?= --duration 40s --every 10s --down 3s --faults kill-leader,partition-leader,pause-leader,partition-minority
+test-docker: build ## build the image, start the compose cluster, a chaos round with kills and docker network partitions, tear down (~2 min)
+	@$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true
+	@$(MAKE) --no-print-directory compose-up
+	@status=0; bin/raftps chaos --target docker:$(COMPOSE_PROJECT) $(CHAOS_DOCKER_ARGS) --out bin/chaos-docker || status=$$?; \
+	$(MAKE) --no-print-directory compose-down; \
+	if [ $$status -ne 0 ]; then echo "test-docker: chaos FAILED (exit $$status); histories in bin/chaos-docker"; fi; exit $$status
+
+test-docker-if-engine:
+	@if timeout 10 docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory test-docker; \
+	else echo "test-docker: SKIPPED: no Docker engine answers (docker info); the containerised chaos round did not run"; fi
+
+# Long chaos for release checks: a fresh local 3-node cluster, SOAK (default
+# 30m) of leader kills and pauses every SOAK_EVERY; the report and the
+# histories go to bin/soak. SOAK_TARGET=docker runs it on the compose
+# cluster instead, partitions included.
+SOAK        ?= 30m
+SOAK_EVERY  ?= 10s
+SOAK_TARGET ?= local
+soak: build ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/report.json
+	@rm -rf bin/soak && mkdir -p bin/soak
+	@if [ "$(SOAK_TARGET)" = docker ]; then \
+		$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true; $(MAKE) --no-print-directory compose-up || exit 1; \
+		target=docker:$(COMPOSE_PROJECT); faults=kill-leader,pause-leader,partition-leader,partition-minority; \
+	else \
+		bin/raftps cluster up --dir bin/soak/cluster --base-port 17600 --server-args "--heartbeat-timeout 200ms" >/dev/null || exit 1; \
+		target=local:bin/soak/cluster; faults=kill-leader,pause-leader; \
+	fi; \
+	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $$faults --out bin/soak || status=$$?; \
+	if [ "$(SOAK_TARGET)" = docker ]; then $(MAKE) --no-print-directory compose-down; else bin/raftps cluster down --dir bin/soak/cluster >/dev/null; fi; \
+	exit $$status
 
 # The numbers of docs/BENCHMARKS.md's cluster section: a fresh local 3-node
 # cluster, one 16-shard table, push/pull/mixed for BENCH_DURATION each.

@@ -442,11 +442,16 @@ func (c *Client) ListTables(ctx context.Context) ([]*shardpb.TableSpec, error) {
 
 // Status asks one node for its status.
 func (c *Client) Status(ctx context.Context, addr string) (*shardpb.StatusResponse, error) {
+	return c.StatusWith(ctx, addr, &shardpb.StatusRequest{})
+}
+
+// StatusWith is Status with options (replica checksums).
+func (c *Client) StatusWith(ctx context.Context, addr string, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	s, err := c.stub(addr)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.Status(ctx, &shardpb.StatusRequest{})
+	resp, err := s.Status(ctx, req)
 	if err != nil {
 		return nil, fromStatus(err)
 	}
@@ -559,7 +564,7 @@ func (c *Client) PullOpts(ctx context.Context, table string, keys []uint64, out 
 	if level == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
 		level = spec.Consistency
 	}
-	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
+	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || testBreak == breakFollowerLinearizable {
 		return c.pullSpread(ctx, spec, keys, out, o)
 	}
 	sp := splitKeys(keys, spec.Shards)

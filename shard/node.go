@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -160,6 +161,7 @@ type Node struct {
 	// served counts the pulls this node served; hot keeps the hot-key
 	// state of the shards this node leads or read-replicates.
 	served servedCounters
+	pushes atomic.Uint64 // pushes received (RAFTPS_TEST_BREAK=drop-acked-push)
 	hot    hotState
 
 	// spawnMu guards stopping: goroutines started from request handlers
@@ -288,6 +290,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 	}
 	n.log.Info("node started", "addr", cfg.Addr, "peers", len(cfg.Peers))
+	if testBreak != "" {
+		n.log.Error("RAFTPS_TEST_BREAK is set: this node has a deliberate bug, for testing the chaos checkers only", "break", testBreak)
+	}
 	return n, nil
 }
 

@@ -250,7 +250,8 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		return nil, toStatus(err)
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
-	if err := g.Pull(ctx, keys, out, level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	checked := level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE && testBreak != breakFollowerLinearizable
+	if err := g.Pull(ctx, keys, out, checked); err != nil {
 		return nil, toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
@@ -273,6 +274,9 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	grads, err := DecodeValues(req.Grads, nil)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if testBreak == breakDropAckedPush && s.n.pushes.Add(1)%50 == 0 {
+		return &shardpb.PushResponse{}, nil
 	}
 	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
@@ -520,7 +524,7 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 	})
 }
 
-func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
+func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
 	cm := n.metaFSM.clusterMap()
 	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version,
@@ -555,7 +559,16 @@ func (s *service) Status(context.Context, *shardpb.StatusRequest) (*shardpb.Stat
 			resp.Moving = append(resp.Moving, sm)
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
-			resp.Replicas = append(resp.Replicas, replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table()))
+			rs := replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
+			if req.GetChecksums() {
+				// Only a checksum taken while nothing was applied belongs
+				// to the applied index reported.
+				sum := g.Table().Checksum()
+				if g.AppliedIndex() == rs.AppliedIndex {
+					rs.Checksum, rs.HasChecksum = sum, true
+				}
+			}
+			resp.Replicas = append(resp.Replicas, rs)
 		}
 	}
 	// Every node in the map, and any other the gossip knows (a node not

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -17,61 +16,21 @@ import (
 )
 
 // historyWorkload runs clients that push small integer gradients (SGD, lr=1,
-// so rows are exact sums) and pull, on keys of table, recording every call
-// in rec until stop closes.
-func historyWorkload(t *testing.T, c *Cluster, rec *history.Recorder, table, level string, clients, keys int, stop <-chan struct{}) *sync.WaitGroup {
+// so rows are exact sums) and pull, on keys 0..keys-1 of table, recording
+// every call in rec until stop closes.
+func historyWorkload(c *Cluster, rec *history.Recorder, table, level string, clients, keys int, stop <-chan struct{}) *sync.WaitGroup {
+	ks := make([]uint64, keys)
+	for i := range ks {
+		ks[i] = uint64(i)
+	}
 	var wg sync.WaitGroup
 	for w := range clients {
+		wl := history.Workload{Table: table, Level: level, Dim: 2, Keys: ks, Client: w, Seed: 7,
+			Definite: func(err error) bool {
+				return errors.Is(err, store.ErrDimMismatch) || errors.Is(err, shard.ErrBadRequest)
+			}}
 		cl := c.Client()
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n := 1 + rng.IntN(3)
-				ks := make([]uint64, 0, n)
-				seen := map[uint64]bool{}
-				for len(ks) < n {
-					if k := uint64(rng.IntN(keys)); !seen[k] {
-						seen[k] = true
-						ks = append(ks, k)
-					}
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				if rng.IntN(2) == 0 {
-					grads := make([]int64, n)
-					vec := make([]float32, 2*n)
-					for i := range grads {
-						grads[i] = int64(1 + rng.IntN(3))
-						vec[2*i], vec[2*i+1] = float32(grads[i]), float32(grads[i])
-					}
-					p := rec.InvokeLevel(w, history.Push, level, ks, grads)
-					if err := cl.Push(ctx, table, ks, vec); err != nil {
-						// Refused before any replica took it (bad input) is
-						// definite; anything else may have been applied.
-						p.Fail(errors.Is(err, store.ErrDimMismatch) || errors.Is(err, shard.ErrBadRequest))
-					} else {
-						p.OK(nil)
-					}
-				} else {
-					out := make([]float32, 2*n)
-					p := rec.InvokeLevel(w, history.Pull, level, ks, nil)
-					if err := cl.Pull(ctx, table, ks, out); err != nil {
-						p.Fail(true) // a pull changes nothing
-					} else {
-						vals := make([]int64, n)
-						for i := range vals {
-							vals[i] = int64(out[2*i])
-						}
-						p.OK(vals)
-					}
-				}
-				cancel()
-			}
-		})
+		wg.Go(func() { wl.Run(cl, rec, stop) })
 	}
 	return &wg
 }
@@ -104,7 +63,7 @@ func TestHistoryCheckedThroughLeaderKills(t *testing.T) {
 	var wgs []*sync.WaitGroup
 	for _, tb := range tables {
 		recs[tb.name] = history.NewRecorder()
-		wgs = append(wgs, historyWorkload(t, c, recs[tb.name], tb.name, tb.level, 3, 24, stop))
+		wgs = append(wgs, historyWorkload(c, recs[tb.name], tb.name, tb.level, 3, 24, stop))
 	}
 	kills := 3
 	if raceDetector {

@@ -30,7 +30,9 @@ var commands = map[string]command{
 	"bench":   {"measure pull/push rows/s and latency against a cluster", runBench},
 	"demo":    {"a local 3-node cluster, a workload, a leader killed mid-run, and the proof nothing was lost", runDemo},
 	"train":   {"train a CTR model on synthetic data against the cluster: raftps train --model lr|dlrm", runTrain},
+	"chaos":   {"inject faults into a cluster under a checked workload and report what was lost: raftps chaos --target local:DIR|docker:PROJECT", runChaos},
 	"cluster": {"run a local cluster of separate processes: raftps cluster up|add|down|kill NODE|restart NODE --dir D", runCluster},
+	"health":  {"exit 0 if a node's /healthz answers 200 (for container healthchecks): raftps health [--http ADDR]", runHealth},
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

@@ -1230,7 +1230,9 @@ func (x *ListTablesResponse) GetTables() []*TableSpec {
 }
 
 type StatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Include each replica's table checksum (costs a pass over its rows).
+	Checksums     bool `protobuf:"varint,1,opt,name=checksums,proto3" json:"checksums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1263,6 +1265,13 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
 	return file_raftps_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *StatusRequest) GetChecksums() bool {
+	if x != nil {
+		return x.Checksums
+	}
+	return false
 }
 
 type StatusResponse struct {
@@ -2370,15 +2379,18 @@ type ReplicaStatus struct {
 	Table string `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
 	Shard uint32 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`
 	// "leader", "follower", "candidate" or "shutdown".
-	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	LeaderId      string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
-	LeaderAddr    string `protobuf:"bytes,6,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
-	Term          uint64 `protobuf:"varint,7,opt,name=term,proto3" json:"term,omitempty"`
-	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	CommitIndex   uint64 `protobuf:"varint,9,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	LastIndex     uint64 `protobuf:"varint,10,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
-	Rows          uint64 `protobuf:"varint,11,opt,name=rows,proto3" json:"rows,omitempty"`
-	MemoryBytes   uint64 `protobuf:"varint,12,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	State        string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	LeaderId     string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderAddr   string `protobuf:"bytes,6,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	Term         uint64 `protobuf:"varint,7,opt,name=term,proto3" json:"term,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	CommitIndex  uint64 `protobuf:"varint,9,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	LastIndex    uint64 `protobuf:"varint,10,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	Rows         uint64 `protobuf:"varint,11,opt,name=rows,proto3" json:"rows,omitempty"`
+	MemoryBytes  uint64 `protobuf:"varint,12,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// The table's checksum at applied_index, if the request asked for it.
+	Checksum      uint64 `protobuf:"varint,13,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	HasChecksum   bool   `protobuf:"varint,14,opt,name=has_checksum,json=hasChecksum,proto3" json:"has_checksum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2495,6 +2507,20 @@ func (x *ReplicaStatus) GetMemoryBytes() uint64 {
 		return x.MemoryBytes
 	}
 	return 0
+}
+
+func (x *ReplicaStatus) GetChecksum() uint64 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetHasChecksum() bool {
+	if x != nil {
+		return x.HasChecksum
+	}
+	return false
 }
 
 // NotLeader is attached as a detail to a FAILED_PRECONDITION status when a
@@ -3882,8 +3908,9 @@ const file_raftps_proto_rawDesc = "" +
 	"leaderAddr\"\x13\n" +
 	"\x11ListTablesRequest\"B\n" +
 	"\x12ListTablesResponse\x12,\n" +
-	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"\x0f\n" +
-	"\rStatusRequest\"\x92\x03\n" +
+	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\"-\n" +
+	"\rStatusRequest\x12\x1c\n" +
+	"\tchecksums\x18\x01 \x01(\bR\tchecksums\"\x92\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
@@ -3961,7 +3988,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\rR\breplicas\x12\x18\n" +
 	"\aleaders\x18\x05 \x01(\rR\aleaders\x12\x14\n" +
-	"\x05admin\x18\x06 \x01(\tR\x05admin\"\xd7\x02\n" +
+	"\x05admin\x18\x06 \x01(\tR\x05admin\"\x96\x03\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
@@ -3977,7 +4004,9 @@ const file_raftps_proto_rawDesc = "" +
 	"last_index\x18\n" +
 	" \x01(\x04R\tlastIndex\x12\x12\n" +
 	"\x04rows\x18\v \x01(\x04R\x04rows\x12!\n" +
-	"\fmemory_bytes\x18\f \x01(\x04R\vmemoryBytes\"_\n" +
+	"\fmemory_bytes\x18\f \x01(\x04R\vmemoryBytes\x12\x1a\n" +
+	"\bchecksum\x18\r \x01(\x04R\bchecksum\x12!\n" +
+	"\fhas_checksum\x18\x0e \x01(\bR\vhasChecksum\"_\n" +
 	"\tNotLeader\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1f\n" +

@@ -1,0 +1,468 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/test/history"
+)
+
+// chaosGroup is one shard of a workload table.
+type chaosGroup struct {
+	table string
+	shard uint32
+}
+
+func (g chaosGroup) String() string { return fmt.Sprintf("%s/%d", g.table, g.shard) }
+
+// leaders returns each workload shard's leader ID as the cluster reports it.
+func (r *chaosRun) leaders(ctx context.Context) map[chaosGroup]string {
+	out := map[chaosGroup]string{}
+	for _, name := range r.cc.tables {
+		d, err := r.admin.Describe(ctx, name)
+		if err != nil {
+			continue
+		}
+		for _, l := range d.Leaders {
+			if l.LeaderId != "" {
+				out[chaosGroup{name, l.Shard}] = l.LeaderId
+			}
+		}
+	}
+	return out
+}
+
+// nodeIDs returns the IDs of the cluster's nodes that are not removed.
+func (r *chaosRun) nodeIDs(ctx context.Context) ([]string, error) {
+	cm, err := r.admin.ClusterMap(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, n := range cm.Nodes {
+		if n.Admin != shardpb.NodeAdmin_NODE_REMOVED {
+			ids = append(ids, n.Id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// inject carries out one fault: picks its victim, does it, probes writes to
+// the shards the victim led until they succeed, heals it after cc.down (but
+// kill-node), and waits for the shards' replicas to catch up.
+func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chaosFault {
+	f := chaosFault{Kind: kind, AtS: time.Since(r.start).Seconds(), UnavailableMs: -1, ReplicatedMs: -1}
+	leaders := r.leaders(ctx)
+	ids, err := r.nodeIDs(ctx)
+	if err != nil || len(leaders) == 0 {
+		f.Error = fmt.Sprintf("cannot see the cluster to choose a victim: %v", err)
+		r.logf("%s: %s", kind, f.Error)
+		return f
+	}
+	var live []string
+	for _, id := range ids {
+		if !r.killed[id] {
+			live = append(live, id)
+		}
+	}
+	var victims []string
+	switch kind {
+	case "kill-leader", "pause-leader", "partition-leader":
+		groups := make([]chaosGroup, 0, len(leaders))
+		for g := range leaders {
+			groups = append(groups, g)
+		}
+		slices.SortFunc(groups, func(a, b chaosGroup) int { return strings.Compare(a.String(), b.String()) })
+		victims = []string{leaders[groups[rng.IntN(len(groups))]]}
+	case "partition-minority":
+		perm := rng.Perm(len(live))
+		for _, i := range perm[:max(1, (len(live)-1)/2)] {
+			victims = append(victims, live[i])
+		}
+	case "kill-node":
+		maxReplicas := uint32(0)
+		for _, s := range r.specs {
+			maxReplicas = max(maxReplicas, s.Replicas)
+		}
+		if len(live) <= int(maxReplicas) {
+			f.Error = fmt.Sprintf("kill-node needs more live nodes (%d) than replicas per shard (%d): the cluster could not repair", len(live), maxReplicas)
+			r.logf("%s: %s", kind, f.Error)
+			return f
+		}
+		victims = []string{live[rng.IntN(len(live))]}
+	}
+	f.Node = strings.Join(victims, ",")
+	var affected []chaosGroup
+	for g, l := range leaders {
+		if slices.Contains(victims, l) {
+			affected = append(affected, g)
+		}
+	}
+	slices.SortFunc(affected, func(a, b chaosGroup) int { return strings.Compare(a.String(), b.String()) })
+	for _, g := range affected {
+		f.Groups = append(f.Groups, g.String())
+	}
+
+	var do, undo func(string) error
+	switch kind {
+	case "kill-leader", "kill-node":
+		do, undo = r.target.kill, r.target.start
+	case "pause-leader":
+		do, undo = r.target.pause, r.target.resume
+	case "partition-leader", "partition-minority":
+		do, undo = r.target.isolate, r.target.reconnect
+	}
+	t0 := time.Now()
+	for _, v := range victims {
+		if err := do(v); err != nil {
+			f.Error = err.Error()
+			r.logf("%s %s: %v", kind, v, err)
+			for _, u := range victims {
+				_ = undo(u)
+			}
+			return f
+		}
+	}
+	r.logf("%s: %s (leading %s)", kind, f.Node, strings.Join(f.Groups, " "))
+	if unavail, ok := r.probe(affected, t0.Add(r.cc.every-r.cc.down/2)); ok {
+		f.UnavailableMs = unavail.Milliseconds()
+	}
+	if kind == "kill-node" {
+		r.killed[victims[0]] = true
+		r.logf("  writes back after %d ms; %s stays down", f.UnavailableMs, victims[0])
+		return f
+	}
+	time.Sleep(time.Until(t0.Add(r.cc.down)))
+	for _, v := range victims {
+		if err := undo(v); err != nil {
+			f.Error = fmt.Sprintf("healing %s: %v", v, err)
+		}
+	}
+	if d, ok := r.caughtUp(ctx, affected, t0.Add(r.cc.every-r.cc.down/4)); ok {
+		f.ReplicatedMs = d.Sub(t0).Milliseconds()
+	}
+	r.logf("  writes back after %d ms, replicas caught up after %d ms", f.UnavailableMs, f.ReplicatedMs)
+	return f
+}
+
+// probe pushes to each affected group until one push each is
+// acknowledged, or until deadline; it returns the time from the fault to
+// the last group's first acknowledged push. Probes are pushes like any
+// other: recorded in the table's history, and checked with it.
+func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration, bool) {
+	if len(groups) == 0 {
+		return 0, true
+	}
+	start := time.Now()
+	addrs, _ := r.target.addrs()
+	cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs, AttemptTimeout: 300 * time.Millisecond, RetryTimeout: time.Second})
+	if err != nil {
+		return 0, false
+	}
+	defer cl.Close()
+	var mu sync.Mutex
+	var last time.Duration
+	ok := true
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() {
+			spec := r.specs[g.table]
+			key := r.probeKey(g)
+			vec := make([]float32, spec.Dim)
+			for i := range vec {
+				vec[i] = 1
+			}
+			for time.Now().Before(deadline) {
+				p := r.recs[g.table].InvokeLevel(-1, history.Push, levelOf(spec), []uint64{key}, []int64{1})
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err := cl.Push(ctx, g.table, []uint64{key}, vec)
+				cancel()
+				if err == nil {
+					p.OK(nil)
+					mu.Lock()
+					last = max(last, time.Since(start))
+					mu.Unlock()
+					return
+				}
+				p.Fail(false)
+				time.Sleep(20 * time.Millisecond)
+			}
+			mu.Lock()
+			ok = false
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return last, ok
+}
+
+// probeKey returns a key of the run's range (or just above it) in g's shard.
+func (r *chaosRun) probeKey(g chaosGroup) uint64 {
+	shards := r.specs[g.table].Shards
+	for k := r.base; ; k++ {
+		if shard.ShardOf(k, shards) == g.shard {
+			return k
+		}
+	}
+}
+
+// caughtUp waits until every replica of groups has applied what its leader
+// had applied when the wait began, and returns when that happened.
+func (r *chaosRun) caughtUp(ctx context.Context, groups []chaosGroup, deadline time.Time) (time.Time, bool) {
+	if len(groups) == 0 {
+		return time.Now(), true
+	}
+	want := map[string]uint64{}
+	for time.Now().Before(deadline) {
+		st := r.statuses(ctx, false)
+		done := true
+		for _, g := range groups {
+			id := g.String()
+			var applied []uint64
+			for _, s := range st {
+				for _, rs := range s.Replicas {
+					if rs.Group == id {
+						if rs.State == "leader" && want[id] == 0 {
+							want[id] = rs.AppliedIndex
+						}
+						applied = append(applied, rs.AppliedIndex)
+					}
+				}
+			}
+			replicas := int(r.specs[g.table].Replicas)
+			if want[id] == 0 || len(applied) < replicas || slices.Min(applied) < want[id] {
+				done = false
+			}
+		}
+		if done {
+			return time.Now(), true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Time{}, false
+}
+
+// statuses asks every reachable node for its status.
+func (r *chaosRun) statuses(ctx context.Context, checksums bool) []*shardpb.StatusResponse {
+	addrs, _ := r.target.addrs()
+	out := make([]*shardpb.StatusResponse, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Go(func() {
+			c, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			if st, err := r.admin.StatusWith(c, a, &shardpb.StatusRequest{Checksums: checksums}); err == nil {
+				out[i] = st
+			}
+		})
+	}
+	wg.Wait()
+	return slices.DeleteFunc(out, func(s *shardpb.StatusResponse) bool { return s == nil })
+}
+
+// healAll undoes every fault still in effect (but kill-node's): starts
+// stopped nodes, resumes paused ones, reconnects cut-off ones. Each undo is
+// harmless when there is nothing to undo.
+func (r *chaosRun) healAll() {
+	ids, err := r.nodeIDs(context.Background())
+	if err != nil {
+		r.logf("heal: cannot list nodes: %v", err)
+		return
+	}
+	for _, id := range ids {
+		if r.killed[id] {
+			continue
+		}
+		_ = r.target.resume(id)
+		_ = r.target.reconnect(id)
+		_ = r.target.start(id) // already running: refused, nothing done
+	}
+}
+
+// converge waits until, for every shard of the workload tables, all its
+// live replicas have applied the same index with equal checksums; it
+// reports whether the checksums agree.
+func (r *chaosRun) converge(ctx context.Context, timeout time.Duration) (bool, error) {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		st := r.statuses(ctx, true)
+		type replica struct {
+			applied, sum uint64
+			has          bool
+		}
+		byGroup := map[string][]replica{}
+		for _, s := range st {
+			for _, rs := range s.Replicas {
+				if _, ok := r.specs[rs.Table]; ok && rs.Group != "meta" {
+					byGroup[rs.Group] = append(byGroup[rs.Group], replica{rs.AppliedIndex, rs.Checksum, rs.HasChecksum})
+				}
+			}
+		}
+		settled, equal := true, true
+		last = ""
+		for _, name := range r.cc.tables {
+			spec := r.specs[name]
+			live := int(spec.Replicas)
+			if n := len(st); n < live {
+				live = n
+			}
+			for s := range spec.Shards {
+				g := fmt.Sprintf("%s/%d", name, s)
+				rs := byGroup[g]
+				if len(rs) < live {
+					settled, last = false, fmt.Sprintf("%s: %d of %d replicas answer", g, len(rs), live)
+					continue
+				}
+				for _, x := range rs {
+					if !x.has || x.applied != rs[0].applied {
+						settled, last = false, fmt.Sprintf("%s: replicas at different indexes", g)
+					} else if x.sum != rs[0].sum {
+						equal = false
+					}
+				}
+			}
+		}
+		if settled {
+			return equal, nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false, fmt.Errorf("not within %s (%s)", timeout, last)
+}
+
+// check reads the final rows of every key in a table's history and runs
+// the checkers its level calls for.
+func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []string) {
+	spec := r.specs[name]
+	ops := r.recs[name].Ops()
+	tr := chaosTableResult{Name: name, Level: levelOf(spec), History: filepath.Join(r.cc.outDir, name+".jsonl")}
+	var violations []string
+	bad := func(format string, args ...any) {
+		violations = append(violations, fmt.Sprintf("%s: ", name)+fmt.Sprintf(format, args...))
+	}
+	if err := history.WriteFile(tr.History, ops); err != nil {
+		bad("writing the history: %v", err)
+	}
+	keySet := map[uint64]bool{}
+	for _, op := range ops {
+		for _, k := range op.Keys {
+			keySet[k] = true
+		}
+		if op.Outcome == history.OK && op.Kind == history.Pull {
+			tr.Pulls++
+		}
+	}
+	keys := make([]uint64, 0, len(keySet))
+	for k := range keySet {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	dim := int(spec.Dim)
+	out := make([]float32, len(keys)*dim)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := r.admin.PullWith(rctx, name, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+		bad("reading the final rows: %v", err)
+		return tr, violations
+	}
+	final := map[uint64]int64{}
+	for i, k := range keys {
+		final[k] = int64(out[i*dim])
+		for j := 1; j < dim; j++ {
+			if out[i*dim+j] != out[i*dim] {
+				bad("key %d: row %v is not uniform: a push was applied in part", k, out[i*dim:(i+1)*dim])
+				break
+			}
+		}
+	}
+	fr := history.CheckFinal(ops, final)
+	tr.Acked, tr.Lost, tr.Doubled, tr.Unknown = fr.AckedPushes, fr.Lost, fr.Doubled, fr.UnknownPushes
+	for _, v := range fr.Violations {
+		bad("%s", v)
+	}
+	switch spec.Consistency {
+	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE:
+		res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(r.cc.outDir, name+".html"))
+		switch {
+		case err != nil:
+			bad("linearizability check: %v", err)
+		case res.TimedOut:
+			bad("linearizability check timed out (no verdict)")
+		default:
+			v := res.OK
+			tr.Linearizable = &v
+			if !v {
+				bad("NOT linearizable: %v (see %s)", res, filepath.Join(r.cc.outDir, name+".html"))
+			}
+		}
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		bound := time.Duration(spec.StalenessBoundNs)
+		vs, err := history.CheckBounded(ops, bound, time.Duration(float64(bound)*shard.ClockRateAllowance))
+		if err != nil {
+			bad("staleness check: %v", err)
+			break
+		}
+		v := len(vs) == 0
+		tr.Staleness = &v
+		for i, x := range vs {
+			if i == 5 {
+				bad("... %d staleness violations in all", len(vs))
+				break
+			}
+			bad("stale pull: %v", x)
+		}
+	}
+	return tr, violations
+}
+
+func printChaosReport(w io.Writer, rep *chaosReport) {
+	fmt.Fprintf(w, "\n==> chaos on %s, %.0fs\n", rep.Target, rep.DurationS)
+	fmt.Fprintf(w, "%-20s %-10s %16s %16s  %s\n", "FAULT", "NODE", "UNAVAILABLE(ms)", "REPLICATED(ms)", "SHARDS LED")
+	for _, f := range rep.Faults {
+		fmt.Fprintf(w, "%-20s %-10s %16d %16d  %s", f.Kind, f.Node, f.UnavailableMs, f.ReplicatedMs, strings.Join(f.Groups, " "))
+		if f.Error != "" {
+			fmt.Fprintf(w, "  ERROR: %s", f.Error)
+		}
+		fmt.Fprintln(w)
+	}
+	if len(rep.Faults) > 3 {
+		fmt.Fprintf(w, "%-20s %6s %7s %10s %10s %10s %16s\n", "KIND", "COUNT", "FAILED", "P50(ms)", "P99(ms)", "MAX(ms)", "REPLICATED P50")
+		for _, k := range rep.ByKind {
+			fmt.Fprintf(w, "%-20s %6d %7d %10d %10d %10d %16d\n", k.Kind, k.Count, k.Failed, k.P50Ms, k.P99Ms, k.MaxMs, k.RepP50Ms)
+		}
+	}
+	verdict := func(v *bool) string {
+		switch {
+		case v == nil:
+			return "not checked"
+		case *v:
+			return "ok"
+		}
+		return "VIOLATED"
+	}
+	for _, t := range rep.Tables {
+		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls, %d lost, %d applied twice, %d unknown; linearizable: %s; staleness: %s; history %s\n",
+			t.Name, t.Level, t.Acked, t.Pulls, t.Lost, t.Doubled, t.Unknown, verdict(t.Linearizable), verdict(t.Staleness), t.History)
+	}
+	fmt.Fprintf(w, "replica checksums equal: %v\n", rep.ChecksumsEqual)
+	if len(rep.Violations) == 0 {
+		fmt.Fprintln(w, "verdict: PASS (nothing lost or doubled, every checked history valid)")
+		return
+	}
+	fmt.Fprintf(w, "verdict: FAIL, %d violations:\n", len(rep.Violations))
+	for _, v := range rep.Violations {
+		fmt.Fprintf(w, "  - %s\n", v)
+	}
+}

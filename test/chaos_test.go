@@ -1,0 +1,111 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// chaosSummary is the part of raftps chaos --json the tests read.
+type chaosSummary struct {
+	Faults []struct {
+		Kind          string `json:"kind"`
+		Node          string `json:"node"`
+		UnavailableMs int64  `json:"unavailable_ms"`
+		Error         string `json:"error"`
+	} `json:"faults"`
+	Acked          int      `json:"acked"`
+	Lost           int      `json:"lost"`
+	Doubled        int      `json:"doubled"`
+	Unknown        int      `json:"unknown"`
+	Linearizable   *bool    `json:"linearizable"`
+	Staleness      *bool    `json:"staleness_ok"`
+	ChecksumsEqual bool     `json:"checksums_equal"`
+	Violations     []string `json:"violations"`
+}
+
+// runChaos runs raftps chaos on a local cluster and returns its summary and
+// exit status.
+func runChaos(t *testing.T, bin, dir string, args ...string) (chaosSummary, int) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "chaos")
+	cmd := exec.Command(bin, append([]string{"chaos", "--target", "local:" + dir, "--json", "--out", out}, args...)...)
+	stdout, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+		t.Logf("chaos progress:\n%s", ee.Stderr)
+	case err != nil:
+		t.Fatalf("raftps chaos: %v", err)
+	}
+	var s chaosSummary
+	if err := json.Unmarshal(stdout, &s); err != nil {
+		t.Fatalf("raftps chaos --json printed %q: %v", stdout, err)
+	}
+	return s, code
+}
+
+// TestBinaryChaosLocal is make test's short chaos round: a 3-process
+// cluster, a checked workload on a linearizable and a bounded table, two
+// leader kills and a leader pause (SIGSTOP longer than an election). Every
+// verdict must pass: nothing lost or doubled, the linearizable history
+// linearizable, bounded pulls within their bound, replicas equal, and
+// writes back within a few seconds of each fault.
+func TestBinaryChaosLocal(t *testing.T) {
+	bin, dir, _ := binaryCluster(t, fastTimeouts)
+	s, code := runChaos(t, bin, dir, "--duration", "30s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader")
+	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
+		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
+	if code != 0 || len(s.Violations) > 0 {
+		t.Fatalf("chaos failed (exit %d): %v", code, s.Violations)
+	}
+	if len(s.Faults) != 3 {
+		t.Errorf("%d faults injected, want 3", len(s.Faults))
+	}
+	for _, f := range s.Faults {
+		t.Logf("  %s %s: writes back after %d ms", f.Kind, f.Node, f.UnavailableMs)
+		if f.UnavailableMs < 0 || f.UnavailableMs > 5000 || f.Error != "" {
+			t.Errorf("fault %s on %s: unavailable %d ms, error %q", f.Kind, f.Node, f.UnavailableMs, f.Error)
+		}
+	}
+	if s.Acked < 200 || s.Lost != 0 || s.Doubled != 0 || s.Linearizable == nil || !*s.Linearizable ||
+		s.Staleness == nil || !*s.Staleness || !s.ChecksumsEqual {
+		t.Errorf("summary %+v", s)
+	}
+}
+
+// TestBinaryChaosCatchesBrokenBuilds runs chaos against servers with a
+// deliberate bug (RAFTPS_TEST_BREAK) and checks that it fails, and for the
+// right reason: acknowledged pushes that were never applied show up as
+// lost; linearizable pulls served by followers without a read index show
+// up as a non-linearizable history.
+func TestBinaryChaosCatchesBrokenBuilds(t *testing.T) {
+	for _, tc := range []struct {
+		brk  string
+		want func(chaosSummary) bool
+	}{
+		{"drop-acked-push", func(s chaosSummary) bool { return s.Lost > 0 }},
+		{"follower-linearizable", func(s chaosSummary) bool { return s.Linearizable != nil && !*s.Linearizable }},
+	} {
+		t.Run(tc.brk, func(t *testing.T) {
+			t.Setenv("RAFTPS_TEST_BREAK", tc.brk) // the servers and chaos's clients
+			bin, dir, _ := binaryCluster(t, fastTimeouts)
+			s, code := runChaos(t, bin, dir, "--duration", "14s", "--every", "10s", "--down", "2s", "--faults", "kill-leader", "--tables", "chaos_lin")
+			t.Logf("exit %d, lost %d, linearizable %v, violations %d", code, s.Lost, deref(s.Linearizable), len(s.Violations))
+			if code == 0 || len(s.Violations) == 0 || !tc.want(s) {
+				t.Fatalf("chaos did not catch %s: exit %d, summary %+v", tc.brk, code, s)
+			}
+		})
+	}
+}
+
+func deref(b *bool) any {
+	if b == nil {
+		return nil
+	}
+	return *b
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,16 @@ type Client struct {
 	specAt   map[string]time.Time
 	specBusy map[string]bool
 	closed   bool
+	// silent: nodes that did not answer an attempt lately (timed out, or the
+	// connection failed), by when; retries ask them last.
+	silent map[string]time.Time
 }
+
+// silentFor is how long a node that did not answer is asked after the
+// others. A dead machine does not refuse connections, it just does not
+// answer: without this every retry round would first spend an attempt
+// timeout on it.
+const silentFor = 2 * time.Second
 
 // specTTL is how long a client uses a table's spec before it refreshes it
 // in the background.
@@ -92,7 +102,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	return &Client{
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
 		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
-		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{},
+		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{}, silent: map[string]time.Time{},
 	}, nil
 }
 
@@ -221,7 +231,7 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 		if candidates != nil {
 			addrs = append(addrs, candidates()...)
 		}
-		addrs = append(addrs, c.cfg.Addrs...)
+		addrs = c.order(append(addrs, c.cfg.Addrs...))
 		next = ""
 		for _, addr := range addrs {
 			err := c.attempt(ctx, addr, fn)
@@ -279,9 +289,52 @@ func (c *Client) attempt(ctx context.Context, addr string, fn func(ctx context.C
 	defer cancel()
 	err := fn(actx, addr)
 	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		c.markSilent(addr)
 		return fmt.Errorf("raftps client: %s: %w: no answer within the attempt timeout %s (outcome unknown): %v", addr, ErrUnavailable, c.cfg.AttemptTimeout, err)
 	}
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "connection") {
+		// The transport's own failure (refused, reset, closing), not a
+		// node's answer.
+		c.markSilent(addr)
+	}
 	return err
+}
+
+func (c *Client) isSilent(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.silent[addr]
+	return ok && time.Since(t) < silentFor
+}
+
+func (c *Client) markSilent(addr string) {
+	c.mu.Lock()
+	c.silent[addr] = time.Now()
+	c.mu.Unlock()
+}
+
+// order drops repeated addresses (the first stays) and moves the nodes
+// that did not answer in the last silentFor to the end, keeping the order
+// otherwise.
+func (c *Client) order(addrs []string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := make(map[string]bool, len(addrs))
+	out := make([]string, 0, len(addrs))
+	var late []string
+	for _, a := range addrs {
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		if t, ok := c.silent[a]; ok && time.Since(t) < silentFor {
+			late = append(late, a)
+			continue
+		}
+		delete(c.silent, a)
+		out = append(out, a)
+	}
+	return append(out, late...)
 }
 
 func (c *Client) setLeader(group, addr string) {
@@ -788,9 +841,11 @@ func (c *Client) fanOut(ctx context.Context, table string, sp *split,
 				addr = r[0]
 			}
 		}
-		if addr != "" {
+		if addr != "" && !c.isSilent(addr) {
 			byNode[addr] = append(byNode[addr], uint32(s))
 		} else {
+			// No leader known, or it did not answer lately: the per-shard
+			// path asks the others first.
 			unknown = append(unknown, uint32(s))
 		}
 	}

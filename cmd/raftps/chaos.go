@@ -246,6 +246,9 @@ type chaosRun struct {
 	recs     map[string]*history.Recorder
 	// killed: nodes killed for good (kill-node), never healed.
 	killed map[string]bool
+	// prober pushes the probes: one client for the whole run, so it knows
+	// the leaders before a fault as a trainer's client would.
+	prober *shard.Client
 }
 
 func (r *chaosRun) logf(format string, args ...any) {
@@ -267,6 +270,10 @@ func chaos(cc chaosConfig, target chaosTarget, progress io.Writer) (*chaosReport
 	rng := rand.New(rand.NewPCG(cc.seed, 0xc4a05))
 	r.base = (rng.Uint64() >> 24) << 20
 	ctx := context.Background()
+	if r.prober, err = shard.NewClient(shard.ClientConfig{Addrs: addrs, AttemptTimeout: 300 * time.Millisecond, RetryTimeout: time.Second}); err != nil {
+		return nil, err
+	}
+	defer r.prober.Close()
 	for _, name := range cc.tables {
 		spec, err := r.table(ctx, name)
 		if err != nil {
@@ -274,6 +281,9 @@ func chaos(cc chaosConfig, target chaosTarget, progress io.Writer) (*chaosReport
 		}
 		r.specs[name] = spec
 		r.recs[name] = history.NewRecorder()
+		if _, err := r.prober.Describe(ctx, name); err != nil {
+			return nil, err
+		}
 	}
 	r.logf("chaos on %s for %s: faults %s every %s, tables %s, %d clients each, keys %d..%d, seed %d",
 		target.name(), cc.duration, strings.Join(cc.faults, ","), cc.every, strings.Join(cc.tables, ","), cc.clients, r.base, r.base+uint64(cc.keys)-1, cc.seed)

@@ -165,12 +165,7 @@ func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration
 		return 0, true
 	}
 	start := time.Now()
-	addrs, _ := r.target.addrs()
-	cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs, AttemptTimeout: 300 * time.Millisecond, RetryTimeout: time.Second})
-	if err != nil {
-		return 0, false
-	}
-	defer cl.Close()
+	cl := r.prober
 	var mu sync.Mutex
 	var last time.Duration
 	ok := true

@@ -124,8 +124,8 @@ compose-down: ## remove the containers (n4, n5 too), the network and the data vo
 # (test/chaos_test.go) and, when a Docker engine answers, test-docker: a
 # fresh compose cluster, a chaos round with kills, pauses and network
 # partitions, then the cluster is removed whatever the verdict.
-CHAOS_DOCKER_ARGS ?= --duration 40s --every 10s --down 3s --faults kill-leader,partition-leader,pause-leader,partition-minority
-test-docker: build ## build the image, start the compose cluster, a chaos round with kills and docker network partitions, tear down (~2 min)
+CHAOS_DOCKER_ARGS ?= --duration 30s --every 8s --down 2500ms --faults kill-leader,partition-leader,pause-leader
+test-docker: build ## build the image, start the compose cluster, a chaos round with a kill, a docker network partition and a pause, tear down (~1.5 min)
 	@$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true
 	@$(MAKE) --no-print-directory compose-up
 	@status=0; bin/raftps chaos --target docker:$(COMPOSE_PROJECT) $(CHAOS_DOCKER_ARGS) --out bin/chaos-docker || status=$$?; \

@@ -41,13 +41,24 @@ const fastTimeouts = "--heartbeat-timeout 150ms --election-timeout 150ms --leade
 // the binary, the cluster's directory and its gRPC addresses.
 func binaryCluster(t testing.TB, serverArgs ...string) (bin, dir, addrs string) {
 	t.Helper()
+	return binaryClusterEnv(t, nil, serverArgs...)
+}
+
+// binaryClusterEnv is binaryCluster with extra environment variables for
+// the servers.
+func binaryClusterEnv(t testing.TB, env []string, serverArgs ...string) (bin, dir, addrs string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	bin = buildBinary(t)
 	dir = filepath.Join(t.TempDir(), "cluster")
 	base := freePortRun(t, 3)
-	runRaftps(t, bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", strings.Join(serverArgs, " "))
+	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", strings.Join(serverArgs, " "))
+	up.Env = append(os.Environ(), env...)
+	if out, err := up.CombinedOutput(); err != nil {
+		t.Fatalf("raftps cluster up: %v\n%s", err, out)
+	}
 	t.Cleanup(func() {
 		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
 			t.Logf("cluster down: %v\n%s", err, out)

@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -30,8 +31,15 @@ type chaosSummary struct {
 // exit status.
 func runChaos(t *testing.T, bin, dir string, args ...string) (chaosSummary, int) {
 	t.Helper()
+	return runChaosEnv(t, nil, bin, dir, args...)
+}
+
+// runChaosEnv is runChaos with extra environment variables.
+func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (chaosSummary, int) {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "chaos")
 	cmd := exec.Command(bin, append([]string{"chaos", "--target", "local:" + dir, "--json", "--out", out}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.Output()
 	code := 0
 	var ee *exec.ExitError
@@ -92,9 +100,13 @@ func TestBinaryChaosCatchesBrokenBuilds(t *testing.T) {
 		{"follower-linearizable", func(s chaosSummary) bool { return s.Linearizable != nil && !*s.Linearizable }},
 	} {
 		t.Run(tc.brk, func(t *testing.T) {
-			t.Setenv("RAFTPS_TEST_BREAK", tc.brk) // the servers and chaos's clients
-			bin, dir, _ := binaryCluster(t, fastTimeouts)
-			s, code := runChaos(t, bin, dir, "--duration", "14s", "--every", "10s", "--down", "2s", "--faults", "kill-leader", "--tables", "chaos_lin")
+			// Both clusters at once: each is small, and make test's time is
+			// budgeted. The break travels in the environment of the servers
+			// (cluster up) and of chaos's clients.
+			t.Parallel()
+			env := []string{"RAFTPS_TEST_BREAK=" + tc.brk}
+			bin, dir, _ := binaryClusterEnv(t, env, fastTimeouts)
+			s, code := runChaosEnv(t, env, bin, dir, "--duration", "14s", "--every", "10s", "--down", "2s", "--faults", "kill-leader", "--tables", "chaos_lin")
 			t.Logf("exit %d, lost %d, linearizable %v, violations %d", code, s.Lost, deref(s.Linearizable), len(s.Violations))
 			if code == 0 || len(s.Violations) == 0 || !tc.want(s) {
 				t.Fatalf("chaos did not catch %s: exit %d, summary %+v", tc.brk, code, s)

@@ -62,16 +62,21 @@ type chaosFault struct {
 }
 
 type chaosTableResult struct {
-	Name         string `json:"name"`
-	Level        string `json:"level"`
-	Acked        int    `json:"acked"`
-	Pulls        int    `json:"pulls"`
-	Lost         int    `json:"lost"`
-	Doubled      int    `json:"doubled"`
-	Unknown      int    `json:"unknown"`
-	Linearizable *bool  `json:"linearizable"`
-	Staleness    *bool  `json:"staleness_ok"`
-	History      string `json:"history"`
+	Name    string `json:"name"`
+	Level   string `json:"level"`
+	Acked   int    `json:"acked"`
+	Pulls   int    `json:"pulls"`
+	Lost    int    `json:"lost"`
+	Doubled int    `json:"doubled"`
+	Unknown int    `json:"unknown"`
+	// How the unknown-outcome pushes resolved, per (push, key): provably
+	// applied, provably not, or not determinable from the final rows.
+	UnknownApplied    int    `json:"unknown_applied"`
+	UnknownNotApplied int    `json:"unknown_not_applied"`
+	UnknownUndecided  int    `json:"unknown_undecided"`
+	Linearizable      *bool  `json:"linearizable"`
+	Staleness         *bool  `json:"staleness_ok"`
+	History           string `json:"history"`
 }
 
 type chaosReport struct {

@@ -384,6 +384,13 @@ func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []
 	}
 	fr := history.CheckFinal(ops, final)
 	tr.Acked, tr.Lost, tr.Doubled, tr.Unknown = fr.AckedPushes, fr.Lost, fr.Doubled, fr.UnknownPushes
+	tr.UnknownApplied, tr.UnknownNotApplied = fr.Applied, fr.NotApplied
+	for _, op := range ops {
+		if op.Kind == history.Push && op.Outcome == history.Unknown {
+			tr.UnknownUndecided += len(op.Keys)
+		}
+	}
+	tr.UnknownUndecided -= fr.Resolved
 	for _, v := range fr.Violations {
 		bad("%s", v)
 	}
@@ -448,8 +455,9 @@ func printChaosReport(w io.Writer, rep *chaosReport) {
 		return "VIOLATED"
 	}
 	for _, t := range rep.Tables {
-		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls, %d lost, %d applied twice, %d unknown; linearizable: %s; staleness: %s; history %s\n",
-			t.Name, t.Level, t.Acked, t.Pulls, t.Lost, t.Doubled, t.Unknown, verdict(t.Linearizable), verdict(t.Staleness), t.History)
+		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls, %d lost, %d applied twice, %d unknown (per key: %d applied, %d not, %d undecided); linearizable: %s; staleness: %s; history %s\n",
+			t.Name, t.Level, t.Acked, t.Pulls, t.Lost, t.Doubled, t.Unknown, t.UnknownApplied, t.UnknownNotApplied, t.UnknownUndecided,
+			verdict(t.Linearizable), verdict(t.Staleness), t.History)
 	}
 	fmt.Fprintf(w, "replica checksums equal: %v\n", rep.ChecksumsEqual)
 	if len(rep.Violations) == 0 {

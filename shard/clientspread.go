@@ -96,11 +96,13 @@ func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
 	c.mu.Unlock()
 }
 
-// spreadPart is one request of a spread pull: some keys of one shard, to one
-// node; pos are the keys' places in the shard's part of the split.
+// spreadPart is one request of a spread pull: n keys of one shard, to one
+// node; pos are the keys' places in the shard's part of the split, nil when
+// the part is the whole shard.
 type spreadPart struct {
 	shard uint32
 	pos   []int
+	n     int
 	addr  string
 	req   *shardpb.PullRequest
 }
@@ -140,22 +142,11 @@ func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys [
 		if len(sp.keys[s]) == 0 {
 			continue
 		}
-		rows[s] = make([]byte, len(sp.keys[s])*rowBytes)
 		reps := c.replicaAddrs(table, uint32(s))
 		if len(reps) == 0 {
 			if a := c.leader(groupID(table, uint32(s))); a != "" {
 				reps = []string{a}
 			}
-		}
-		byAddr := map[string]*spreadPart{}
-		add := func(addr string, j int) {
-			p := byAddr[addr]
-			if p == nil {
-				p = &spreadPart{shard: uint32(s), addr: addr}
-				byAddr[addr] = p
-				parts = append(parts, p)
-			}
-			p.pos = append(p.pos, j)
 		}
 		hs := hot[uint32(s)]
 		cold := first(reps, nil)
@@ -163,25 +154,45 @@ func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys [
 		if hs != nil {
 			hotAddr = first(reps, hs.addrs)
 		}
+		if hotAddr == "" || hotAddr == cold {
+			// The usual case: the whole shard goes to one node.
+			parts = append(parts, &spreadPart{shard: uint32(s), addr: cold, n: len(sp.keys[s])})
+			continue
+		}
+		rows[s] = make([]byte, len(sp.keys[s])*rowBytes)
+		coldPart, hotPart := &spreadPart{shard: uint32(s), addr: cold}, &spreadPart{shard: uint32(s), addr: hotAddr}
 		for j, k := range sp.keys[s] {
-			if hotAddr != "" && hs.keys[k] {
-				add(hotAddr, j)
-				continue
+			p := coldPart
+			if hs.keys[k] {
+				p = hotPart
 			}
-			add(cold, j)
+			p.pos = append(p.pos, j)
+			p.n++
+		}
+		for _, p := range []*spreadPart{coldPart, hotPart} {
+			if p.n > 0 {
+				parts = append(parts, p)
+			}
 		}
 	}
 	for _, p := range parts {
-		ks := make([]uint64, len(p.pos))
-		for i, j := range p.pos {
-			ks[i] = sp.keys[p.shard][j]
+		ks := sp.keys[p.shard]
+		if p.pos != nil {
+			ks = make([]uint64, p.n)
+			for i, j := range p.pos {
+				ks[i] = sp.keys[p.shard][j]
+			}
 		}
 		p.req = &shardpb.PullRequest{Table: table, Shard: p.shard, Keys: KeysBytes(ks), Consistency: o.Level,
 			Epoch: c.epoch(table, p.shard), StalenessBoundNs: int64(o.StalenessBound), AllowWeaker: o.AllowWeaker}
 	}
 	place := func(p *spreadPart, addr string, values []byte) error {
-		if len(values) != len(p.pos)*rowBytes {
-			return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(values), len(p.pos), dim)
+		if len(values) != p.n*rowBytes {
+			return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of dim %d", addr, len(values), p.n, dim)
+		}
+		if p.pos == nil {
+			rows[p.shard] = values // the answer's bytes, as the linearizable path keeps them
+			return nil
 		}
 		for i, j := range p.pos {
 			copy(rows[p.shard][j*rowBytes:(j+1)*rowBytes], values[i*rowBytes:(i+1)*rowBytes])

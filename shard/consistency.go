@@ -139,15 +139,8 @@ func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, sh
 // refreshLease gets a read index from g's leader (this replica, if it
 // leads) and waits until this replica has applied it.
 func (n *Node) refreshLease(g *replication.Group, table string, shard uint32) error {
-	ctx, cancel := context.WithTimeout(context.Background(), leaseRefreshTimeout)
+	ctx, cancel := n.callContext(leaseRefreshTimeout, nil)
 	defer cancel()
-	go func() {
-		select {
-		case <-n.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var ix uint64
 	if g.Raft().State() == raft.Leader {
 		var err error
@@ -170,6 +163,21 @@ func (n *Node) refreshLease(g *replication.Group, table string, shard uint32) er
 		ix = resp.Index
 	}
 	return g.WaitApplied(ctx, ix)
+}
+
+// callContext bounds a call this node makes on its own behalf: it ends
+// after timeout, when the node closes, or when stop (if not nil) closes.
+func (n *Node) callContext(timeout time.Duration, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	go func() {
+		select {
+		case <-n.closed:
+		case <-stop: // nil: never
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx, cancel
 }
 
 func (s *service) ReadIndex(ctx context.Context, req *shardpb.ReadIndexRequest) (*shardpb.ReadIndexResponse, error) {

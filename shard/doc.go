@@ -83,9 +83,8 @@
 // Read leases: one per group (Node.leases under leaseMu), each with its own
 // mutex; at most one renewal runs per lease, and reads wait on its channel.
 // Hot keys: Node.hot.mu guards the maps of trackers, leader views and read
-// replicas; a tracker's sketch and a read replica's rows have their own
-// mutexes, taken after hot.mu when both are (the pull path takes only
-// theirs). hotLoop is the only goroutine that closes windows; each read
+// replicas, read-locked on the pull path; a tracker's sketch and a read
+// replica's rows have their own mutexes, taken after hot.mu when both are. hotLoop is the only goroutine that closes windows; each read
 // replica has one refresh goroutine, stopped by closing its stop channel
 // under hot.mu. Served counters are atomics.
 package shard

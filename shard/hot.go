@@ -127,7 +127,7 @@ func (s *spaceSaving) take() []ssEntry {
 // hotState is a node's hot-key state. All of it is guarded by mu; a
 // tracker has its own lock, taken on the pull path.
 type hotState struct {
-	mu       sync.Mutex
+	mu       sync.RWMutex           // read-locked on the pull path
 	trackers map[string]*hotTracker // by group: pulls served here
 	leading  map[string]*hotLeader  // by group: shards this node leads
 	replicas map[string]*hotReplica // by group: hot rows read-replicated here
@@ -179,13 +179,17 @@ func (n *Node) countHot(spec *shardpb.TableSpec, shard uint32, keys []uint64) {
 		return
 	}
 	gid := groupID(spec.Name, shard)
-	n.hot.mu.Lock()
+	n.hot.mu.RLock()
 	t := n.hot.trackers[gid]
+	n.hot.mu.RUnlock()
 	if t == nil {
-		t = &hotTracker{table: spec.Name, shard: shard, sk: newSpaceSaving(hotSketchSize)}
-		n.hot.trackers[gid] = t
+		n.hot.mu.Lock()
+		if t = n.hot.trackers[gid]; t == nil {
+			t = &hotTracker{table: spec.Name, shard: shard, sk: newSpaceSaving(hotSketchSize)}
+			n.hot.trackers[gid] = t
+		}
+		n.hot.mu.Unlock()
 	}
-	n.hot.mu.Unlock()
 	t.mu.Lock()
 	for _, k := range keys {
 		t.sk.add(k, 1)
@@ -572,17 +576,8 @@ func (n *Node) refreshHot(r *hotReplica) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), leaseRefreshTimeout)
+	ctx, cancel := n.callContext(leaseRefreshTimeout, r.stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-n.closed:
-			cancel()
-		case <-r.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	sent := time.Now()
 	resp, err := ps.HotRows(ctx, &shardpb.HotRowsRequest{Table: r.table, Shard: r.shard, Keys: KeysBytes(keys)})
 	if err != nil {
@@ -630,13 +625,13 @@ func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*sh
 // then treats it as any request for a shard this node does not hold, so a
 // client with an old map is told to refresh it.
 func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, level shardpb.Consistency, bound time.Duration) (out []float32, ok bool, err error) {
-	n.hot.mu.Lock()
-	r := n.hot.replicas[groupID(spec.Name, shard)]
-	n.hot.mu.Unlock()
+	gid := groupID(spec.Name, shard)
+	n.hot.mu.RLock()
+	r := n.hot.replicas[gid]
+	n.hot.mu.RUnlock()
 	if r == nil || level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
 		return nil, false, nil
 	}
-	gid := groupID(spec.Name, shard)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range keys {
@@ -664,10 +659,7 @@ func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, le
 	}
 	out = make([]float32, len(keys)*r.dim)
 	for i, k := range keys {
-		j, has := r.index[k]
-		if !has {
-			return nil, true, fmt.Errorf("group %s: %w: key %d is not hot here", gid, ErrNotHot, k)
-		}
+		j := r.index[k] // present: checked above
 		copy(out[i*r.dim:(i+1)*r.dim], r.rows[j*r.dim:(j+1)*r.dim])
 	}
 	return out, true, nil

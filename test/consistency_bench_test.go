@@ -48,12 +48,7 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 		c := StartCluster(b, nodes, FastRaft())
 		ctx := context.Background()
 		admin := c.Client()
-		spec := &shardpb.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01"}
-		if _, err := admin.CreateTable(ctx, spec); err != nil {
-			b.Fatal(err)
-		}
-		c.waitSettled(b, "zipf", 3, nil, 30*time.Second)
-		loadRows(b, admin, "zipf", rows, dim)
+		createLoaded(b, c, admin, &shardpb.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01"}, rows)
 
 		type config struct {
 			name  string
@@ -113,8 +108,15 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 	}
 }
 
-// loadRows pushes rows distinct keys, so every pull reads stored rows.
-func loadRows(b *testing.B, cl *shard.Client, table string, rows, dim int) {
+// createLoaded creates a table on a cluster of at least its replica count,
+// waits until every shard has its replicas, and pushes rows distinct keys
+// (0..rows-1), so every pull of them reads stored rows.
+func createLoaded(b *testing.B, c *Cluster, cl *shard.Client, spec *shardpb.TableSpec, rows int) {
+	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
+		b.Fatal(err)
+	}
+	c.waitSettled(b, spec.Name, int(spec.Replicas), nil, 30*time.Second)
+	table, dim := spec.Name, int(spec.Dim)
 	start := time.Now()
 	const batch = 8192
 	keys := make([]uint64, batch)

@@ -36,12 +36,7 @@ func BenchmarkElasticRepair(b *testing.B) {
 		})
 		cl := c.Client()
 		ctx := context.Background()
-		spec := &shardpb.TableSpec{Name: "big", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=1"}
-		if _, err := cl.CreateTable(ctx, spec); err != nil {
-			b.Fatal(err)
-		}
-		c.waitSettled(b, "big", 3, nil, 30*time.Second)
-		loadRows(b, cl, "big", rows, dim)
+		createLoaded(b, c, cl, &shardpb.TableSpec{Name: "big", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=1"}, rows)
 
 		// Repair: kill the node holding the most replicas.
 		reps, _ := c.loads("big")

@@ -138,12 +138,18 @@ func (f *bigFSM) state() (uint64, int) {
 const snapPad = 5 << 20
 
 func (f *bigFSM) Snapshot() (raft.FSMSnapshot, error) {
-	sum, n := f.state()
-	b := make([]byte, 16+snapPad)
-	binary.LittleEndian.PutUint64(b, sum)
-	binary.LittleEndian.PutUint64(b[8:], uint64(n))
-	for i := 16; i < len(b); i++ {
-		b[i] = byte(i)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// sum, n, the values seen (so a value retried after the snapshot still
+	// counts once), then padding up to a fixed size.
+	b := make([]byte, 16, 16+8*len(f.seen)+snapPad)
+	binary.LittleEndian.PutUint64(b, f.sum)
+	binary.LittleEndian.PutUint64(b[8:], uint64(f.n))
+	for v := range f.seen {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	for i := len(b); i < 16+8*len(f.seen)+snapPad; i++ {
+		b = append(b, byte(i))
 	}
 	return bigSnap(b), nil
 }
@@ -153,12 +159,19 @@ func (f *bigFSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
-	if len(b) != 16+snapPad || b[len(b)-1] != byte(len(b)-1) {
+	if len(b) < 16 {
+		return fmt.Errorf("snapshot of %d bytes arrived damaged", len(b))
+	}
+	n := int(binary.LittleEndian.Uint64(b[8:]))
+	if len(b) != 16+8*n+snapPad || b[len(b)-1] != byte(len(b)-1) {
 		return fmt.Errorf("snapshot of %d bytes arrived damaged", len(b))
 	}
 	f.mu.Lock()
-	f.sum, f.n = binary.LittleEndian.Uint64(b), int(binary.LittleEndian.Uint64(b[8:]))
-	f.seen = nil // values already summed are not sent again in these tests
+	f.sum, f.n = binary.LittleEndian.Uint64(b), n
+	f.seen = make(map[uint64]bool, n)
+	for i := range n {
+		f.seen[binary.LittleEndian.Uint64(b[16+8*i:])] = true
+	}
 	f.mu.Unlock()
 	return nil
 }
@@ -190,7 +203,12 @@ func startReplica(t *testing.T, n *testNode, group string, peers []raft.Server) 
 		// Lenient timing: this tests the transport, not failover speed, and
 		// must hold under the race detector on two cores.
 		HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond,
-		CommitTimeout: 5 * time.Millisecond, SnapshotThreshold: 50, TrailingLogs: 10, SnapshotInterval: 50 * time.Millisecond}, f)
+		// Snapshots only when the test takes one. Automatic ones every 50
+		// entries, of this FSM's padded 5 MiB, kept six replicas writing
+		// and streaming snapshots all the time: under -race next to other
+		// tests, heartbeats then took longer than the lease and the
+		// groups went leaderless for seconds (the test's old flakiness).
+		CommitTimeout: 5 * time.Millisecond, SnapshotThreshold: 1 << 40, TrailingLogs: 10, SnapshotInterval: time.Hour}, f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -302,6 +302,10 @@ type Group struct {
 	pushCh   chan *pending
 	inflight chan struct{} // a token per uncommitted entry
 
+	// expeditedTerm is the last term in which ExpediteElection started an
+	// election here.
+	expeditedTerm atomic.Uint64
+
 	// readyTerm is the term in which this replica, as leader, has applied
 	// everything committed before its term (a Barrier completed); 0 if none.
 	readyTerm atomic.Uint64

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication/transportpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -46,7 +47,14 @@ type MuxConfig struct {
 	// Timeout bounds AppendEntries, RequestVote, TimeoutNow and RequestPreVote
 	// calls (default 5s). InstallSnapshot gets Timeout per 256 MiB as well.
 	Timeout time.Duration
-	Logger  hclog.Logger
+	// HeartbeatTimeout bounds one message of heartbeats (default 500ms). A
+	// heartbeat answered later than a follower's election timeout is of no
+	// use, and while one is in flight to a peer every group's next
+	// heartbeats to that peer wait for it: with Timeout instead, a peer that
+	// died without a TCP reset (a killed container) and came back heard from
+	// none of its leaders for seconds, and its replicas campaigned.
+	HeartbeatTimeout time.Duration
+	Logger           hclog.Logger
 }
 
 // Mux is one node's Raft transport: it serves the Raft RPCs of every group
@@ -74,6 +82,8 @@ type Mux struct {
 	conns  map[raft.ServerAddress]*grpc.ClientConn
 	hbs    map[raft.ServerAddress]*heartbeats
 
+	heard sync.Map // raft.ServerAddress → *atomic.Int64: unix ns of the last message from that peer
+
 	stats MuxStats
 }
 
@@ -89,6 +99,38 @@ type MuxStats struct {
 // Stats returns the Mux's counters.
 func (m *Mux) Stats() *MuxStats { return &m.stats }
 
+// heardFrom notes that peer just answered or sent something.
+func (m *Mux) heardFrom(peer raft.ServerAddress) {
+	if peer == "" {
+		return
+	}
+	now := time.Now().UnixNano()
+	if v, ok := m.heard.Load(peer); ok {
+		v.(*atomic.Int64).Store(now)
+		return
+	}
+	v := new(atomic.Int64)
+	v.Store(now)
+	if old, loaded := m.heard.LoadOrStore(peer, v); loaded {
+		old.(*atomic.Int64).Store(now)
+	}
+}
+
+// LastHeard is when this node last had a message from peer, whether a
+// request from one of its groups or an answer to one of ours; ok is false
+// if it never had one. A leader sends each follower a heartbeat every
+// tenth of the heartbeat timeout, so a peer that leads or follows any group
+// shared with this node is heard from many times a second while it lives:
+// clients ask this to tell a dead node from a slow one (see shard's
+// PeerContact).
+func (m *Mux) LastHeard(peer raft.ServerAddress) (time.Time, bool) {
+	v, ok := m.heard.Load(peer)
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.Unix(0, v.(*atomic.Int64).Load()), true
+}
+
 // NewMux returns a Mux for the node at cfg.LocalAddr.
 func NewMux(cfg MuxConfig) (*Mux, error) {
 	if cfg.LocalAddr == "" {
@@ -99,6 +141,12 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("raft transport: Timeout = %s (want > 0)", cfg.Timeout)
+	}
+	if cfg.HeartbeatTimeout == 0 {
+		cfg.HeartbeatTimeout = min(500*time.Millisecond, cfg.Timeout)
+	}
+	if cfg.HeartbeatTimeout < 0 {
+		return nil, fmt.Errorf("raft transport: HeartbeatTimeout = %s (want > 0)", cfg.HeartbeatTimeout)
 	}
 	if cfg.DialOptions == nil {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -111,7 +159,13 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		// A peer that is stopped or cut off without a TCP reset would
 		// otherwise leave a pipeline stream blocked in Send on flow control,
 		// and raft's Shutdown waits for its replication goroutines.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}))
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
+		// gRPC's defaults (20 s connect timeout, backoff to 2 min) suit
+		// clients of a remote service; a peer that restarts is back within
+		// seconds, and every second it is not redialled is a second its
+		// replicas hear from no leader.
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
 }
 
@@ -304,6 +358,7 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 	if err != nil {
 		return fmt.Errorf("raft group %q: %s: %w", t.group, target, err)
 	}
+	t.mux.heardFrom(target)
 	return decode(out.Msgpack, resp)
 }
 
@@ -435,13 +490,14 @@ func (h *heartbeats) send(batch []*hbCall) {
 	}
 	h.m.stats.HeartbeatsSent.Add(int64(len(batch)))
 	h.m.stats.HeartbeatBatches.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), h.m.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), h.m.cfg.HeartbeatTimeout)
 	out, err := client.Heartbeats(ctx, req)
 	cancel()
 	if err != nil {
 		fail(err)
 		return
 	}
+	h.m.heardFrom(h.target)
 	if len(out.Rpcs) != len(batch) {
 		fail(fmt.Errorf("peer answered %d heartbeats for %d", len(out.Rpcs), len(batch)))
 		return
@@ -518,7 +574,7 @@ func (t *Transport) AppendEntriesPipeline(_ raft.ServerID, target raft.ServerAdd
 		return nil, fmt.Errorf("raft group %q: pipeline to %s: %w", t.group, target, err)
 	}
 	p := &pipeline{
-		t: t, stream: stream, cancel: cancel,
+		t: t, target: target, stream: stream, cancel: cancel,
 		inflight: make(chan *appendFuture, pipelineDepth),
 		done:     make(chan raft.AppendFuture, pipelineDepth),
 		shutdown: make(chan struct{}),
@@ -529,6 +585,7 @@ func (t *Transport) AppendEntriesPipeline(_ raft.ServerID, target raft.ServerAdd
 
 type pipeline struct {
 	t        *Transport
+	target   raft.ServerAddress
 	stream   grpc.BidiStreamingClient[transportpb.RPC, transportpb.RPC]
 	cancel   context.CancelFunc
 	sendMu   sync.Mutex // serialises Send and inflight order
@@ -583,6 +640,7 @@ func (p *pipeline) receive() {
 			if err != nil {
 				broken = fmt.Errorf("raft group %q: pipeline: %w", p.t.group, err)
 			} else {
+				p.t.mux.heardFrom(p.target)
 				broken = decode(msg.Msgpack, f.resp)
 				if broken == nil {
 					f.respond(nil)
@@ -642,6 +700,9 @@ type muxServer struct {
 // dispatch hands a decoded request to its group's Raft and waits for the
 // answer. Pure heartbeats go to the heartbeat handler.
 func (t *Transport) dispatch(ctx context.Context, cmd any, data io.Reader) (any, error) {
+	if h, ok := cmd.(raft.WithRPCHeader); ok {
+		t.mux.heardFrom(raft.ServerAddress(h.GetRPCHeader().Addr))
+	}
 	ch := make(chan raft.RPCResponse, 1)
 	rpc := raft.RPC{Command: cmd, Reader: data, RespChan: ch}
 	if ae, ok := cmd.(*raft.AppendEntriesRequest); ok && isHeartbeat(ae) {

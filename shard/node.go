@@ -57,6 +57,11 @@ type NodeConfig struct {
 	// Raft is the template for every group's Raft settings; ID, NodeID, Dir,
 	// Transport and Peers are filled in per group.
 	Raft replication.RaftConfig
+	// ExpediteElection is how long a shard leader's node may be silent
+	// before a follower here starts an election at once rather than on
+	// raft's randomised timer (replication.Group.ExpediteElection). Zero
+	// means the Raft heartbeat timeout; negative turns it off.
+	ExpediteElection time.Duration
 	// MaxMessageBytes caps a client API message (default 64 MiB); larger
 	// requests are refused with ResourceExhausted. Raft traffic on the same
 	// port has its own, larger limit (replication.MaxRaftMessageBytes).
@@ -282,6 +287,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.wg.Go(n.reconcileLoop)
 	n.wg.Go(n.schedulerLoop)
 	n.wg.Go(n.hotLoop)
+	n.wg.Go(n.expediteLoop)
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
 		if err := n.startHTTP(); err != nil {
@@ -294,6 +300,43 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.log.Error("RAFTPS_TEST_BREAK is set: this node has a deliberate bug, for testing the chaos checkers only", "break", testBreak)
 	}
 	return n, nil
+}
+
+// expediteLoop checks every shard replica on this node for a silent leader
+// a tenth of a heartbeat timeout apart: one ticker for all groups.
+func (n *Node) expediteLoop() {
+	silence := n.cfg.ExpediteElection
+	hb := n.cfg.Raft.HeartbeatTimeout
+	if hb == 0 {
+		hb = replication.DefaultRaftConfig().HeartbeatTimeout
+	}
+	if silence == 0 {
+		silence = hb
+	}
+	if silence < 0 {
+		return
+	}
+	t := time.NewTicker(max(hb/10, 5*time.Millisecond))
+	defer t.Stop()
+	var groups []*replication.Group
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-t.C:
+		}
+		groups = groups[:0]
+		n.mu.RLock()
+		for _, g := range n.groups {
+			groups = append(groups, g)
+		}
+		n.mu.RUnlock()
+		for _, g := range groups {
+			if _, err := g.ExpediteElection(silence); err != nil {
+				n.log.Warn("expedited election", "error", err)
+			}
+		}
+	}
 }
 
 // raftConfig is the Raft config of one of this node's groups; peers, if

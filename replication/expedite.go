@@ -1,0 +1,128 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Expedited elections.
+//
+// hashicorp/raft's follower checks for a silent leader on a timer that fires
+// every [HeartbeatTimeout, 2×HeartbeatTimeout], so it notices a dead leader
+// between 1 and 3 heartbeat timeouts after the last heartbeat (about 1.8 on
+// average), and a node that led several shards leaves each unavailable for
+// a different draw of that delay: a client writing to all of them waits for
+// the slowest. ExpediteElection lets the node check every group it holds on
+// one fine-grained ticker and start the election itself once the leader's
+// node has been silent for a fixed time, turning the wait into "silence +
+// one tick" for every group alike.
+//
+// Two guards keep it from deposing a leader that is alive:
+//   - the silence must be of the leader's whole node (Mux.LastHeard: any
+//     message of any group, or an answer to one), not only of this group,
+//     so a leader whose node still talks to us keeps raft's own timing;
+//   - followers are staggered by their rank among the group's voters, so
+//     the two followers of a 3-replica group do not split the vote.
+//
+// The election is started as raft starts one for a leadership transfer (a
+// TimeoutNow request, handed to this replica's own raft): the other
+// follower grants the vote although it may not have noticed the silence
+// yet. That is what makes it fast, and it is safe in raft's sense (votes
+// still require an up-to-date log, terms still only grow); the price is
+// that a follower cut off from a living leader while still reaching the
+// other follower can depose it, which raft's pre-vote would have refused.
+
+// expedited counts elections this package started early, for tests and metrics.
+var expedited atomic.Int64
+
+// ExpeditedElections returns how many elections ExpediteElection started in
+// this process.
+func ExpeditedElections() int64 { return expedited.Load() }
+
+// ExpediteElection starts an election on this replica now if it is a voting
+// follower that knows a leader, this group has not heard from the leader for
+// silence plus a stagger (silence/2 per voter ranked before this one, ranked
+// by ID among the voters other than the leader), and this node has not heard
+// from the leader's node at all for as long. It returns whether it started
+// one. It does nothing for a replica whose transport is not a Mux's. Call it
+// often (every tenth of the heartbeat timeout, say); it is cheap.
+func (g *Group) ExpediteElection(silence time.Duration) (bool, error) {
+	t, ok := g.cfg.Transport.(*Transport)
+	if !ok || silence <= 0 {
+		return false, nil
+	}
+	if g.raft.State() != raft.Follower {
+		return false, nil
+	}
+	leaderAddr, leaderID := g.raft.LeaderWithID()
+	if leaderAddr == "" {
+		// No leader known: a fresh replica that has not heard one yet, or
+		// an election under way. Raft's own timer covers both.
+		return false, nil
+	}
+	last := g.raft.LastContact()
+	if last.IsZero() {
+		return false, nil
+	}
+	rank, voter := g.voterRank(leaderID)
+	if !voter {
+		return false, nil
+	}
+	wait := silence + time.Duration(rank)*silence/2
+	now := time.Now()
+	if now.Sub(last) < wait {
+		return false, nil
+	}
+	if heard, ok := t.mux.LastHeard(leaderAddr); ok && now.Sub(heard) < wait {
+		return false, nil
+	}
+	term := g.raft.CurrentTerm()
+	if g.expeditedTerm.Load() >= term {
+		// Once per term: if this election fails, raft's timers go on.
+		return false, nil
+	}
+	g.expeditedTerm.Store(term)
+	g.cfg.Logger.Info("leader's node silent; starting an election now", "group", g.cfg.ID,
+		"leader", leaderAddr, "silent", now.Sub(last).Round(time.Millisecond), "term", term)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	// Raft may have changed state since the check above; TimeoutNow would
+	// then make a leader campaign again. The window is a few instructions
+	// of raft's main loop, and the worst outcome is one more election.
+	if _, err := t.dispatch(ctx, &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
+		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(g.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
+		return false, fmt.Errorf("group %s: starting an election: %w", g.cfg.ID, err)
+	}
+	expedited.Add(1)
+	return true, nil
+}
+
+// voterRank is this replica's position among the group's voters other than
+// leader, ordered by ID, and whether it is a voter at all.
+func (g *Group) voterRank(leader raft.ServerID) (int, bool) {
+	f := g.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0, false
+	}
+	var ids []raft.ServerID
+	self := false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage != raft.Voter || s.ID == leader {
+			continue
+		}
+		ids = append(ids, s.ID)
+		if s.ID == g.cfg.NodeID {
+			self = true
+		}
+	}
+	if !self {
+		return 0, false
+	}
+	slices.Sort(ids)
+	return slices.Index(ids, g.cfg.NodeID), true
+}

@@ -1,0 +1,176 @@
+package replication
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// expediteCluster is one shard group per name on the same three Mux nodes,
+// with a slow Raft heartbeat timeout (1 s: raft's own timer would notice a
+// dead leader after 1–3 s) and a loop calling ExpediteElection with a
+// silence of 300 ms on every replica, as the shard node does.
+type expediteCluster struct {
+	t      *testing.T
+	nodes  []*testNode
+	groups map[string][]*Group
+
+	mu      sync.Mutex
+	stopped map[int]bool
+}
+
+const expediteSilence = 300 * time.Millisecond
+
+func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
+	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}}
+	var peers []raft.Server
+	for range 3 {
+		n := startTestNode(t)
+		c.nodes = append(c.nodes, n)
+		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
+	}
+	for _, name := range names {
+		for _, n := range c.nodes {
+			tr, err := n.mux.Transport(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := OpenGroup(GroupConfig{RaftConfig: RaftConfig{ID: name, NodeID: raft.ServerID(n.addr),
+				Dir: filepath.Join(t.TempDir(), name), Transport: tr, Peers: peers,
+				HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond},
+				Table: sgdTable("t", 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { g.Close() })
+			c.groups[name] = append(c.groups[name], g)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			for _, gs := range c.groups {
+				for i, g := range gs {
+					c.mu.Lock()
+					down := c.stopped[i]
+					c.mu.Unlock()
+					if !down {
+						if _, err := g.ExpediteElection(expediteSilence); err != nil {
+							t.Log(err)
+						}
+					}
+				}
+			}
+		}
+	})
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	return c
+}
+
+// leader waits for a ready leader of group name among the nodes not stopped
+// and returns its node index and term.
+func (c *expediteCluster) leader(name string, timeout time.Duration) (int, uint64) {
+	c.t.Helper()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for i, g := range c.groups[name] {
+			c.mu.Lock()
+			down := c.stopped[i]
+			c.mu.Unlock()
+			if !down && g.IsLeader() && g.readyTerm.Load() != 0 {
+				return i, g.raft.CurrentTerm()
+			}
+		}
+	}
+	c.t.Fatalf("group %s: no ready leader within %s", name, timeout)
+	return -1, 0
+}
+
+// TestExpeditedElectionReplacesSilentLeader: a live leader is left alone
+// however long the loop runs; when its node goes silent, a follower starts
+// the election itself well before raft's own 1–3 s timer would, and pushes
+// go on at the new leader.
+func TestExpeditedElectionReplacesSilentLeader(t *testing.T) {
+	c := newExpediteCluster(t, "e/0")
+	first, term := c.leader("e/0", 10*time.Second)
+	before := ExpeditedElections()
+	time.Sleep(1500 * time.Millisecond)
+	if l, tm := c.leader("e/0", time.Second); l != first || tm != term {
+		t.Fatalf("a live leader was replaced: node %d term %d, then node %d term %d", first, term, l, tm)
+	}
+	if n := ExpeditedElections() - before; n != 0 {
+		t.Fatalf("%d elections started against a live leader", n)
+	}
+
+	c.mu.Lock()
+	c.stopped[first] = true
+	c.mu.Unlock()
+	killed := time.Now()
+	c.nodes[first].stop()
+	c.groups["e/0"][first].Close()
+	next, nterm := c.leader("e/0", 10*time.Second)
+	t.Logf("leader's node stopped; node %d leads term %d after %s", next, nterm, time.Since(killed).Round(time.Millisecond))
+	if ExpeditedElections() == before {
+		t.Fatal("the new leader was elected by raft's own timer: no election was expedited")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.groups["e/0"][next].Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{7}, Grads: []float32{1, 2}}); err != nil {
+		t.Fatalf("push at the new leader: %v", err)
+	}
+}
+
+// TestExpeditedElectionNeedsASilentNode: when only one group's leader goes
+// (its replica closed) while its node still leads another group, followers
+// keep hearing from the node, so they leave the election to raft's timer.
+func TestExpeditedElectionNeedsASilentNode(t *testing.T) {
+	c := newExpediteCluster(t, "a/0", "b/0")
+	la, _ := c.leader("a/0", 10*time.Second)
+	// Put b/0's leadership on the same node, so that node keeps talking.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		lb, _ := c.leader("b/0", 5*time.Second)
+		if lb == la {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("could not move b/0's leadership")
+		}
+		id := raft.ServerID(c.nodes[la].addr)
+		if err := c.groups["b/0"][lb].raft.LeadershipTransferToServer(id, raft.ServerAddress(id)).Error(); err != nil {
+			t.Logf("transfer: %v", err)
+		}
+	}
+	before := ExpeditedElections()
+	c.groups["a/0"][la].Close()
+	// Exclude the closed replica from the leader search only.
+	var next int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		found := false
+		for i, g := range c.groups["a/0"] {
+			if i != la && g.IsLeader() && g.readyTerm.Load() != 0 {
+				next, found = i, true
+			}
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a/0: no new leader")
+		}
+	}
+	if n := ExpeditedElections() - before; n != 0 {
+		t.Fatalf("%d elections expedited although the leader's node was heard from", n)
+	}
+	t.Logf("a/0: node %d took over by raft's timer", next)
+}

@@ -40,6 +40,17 @@ type ClientConfig struct {
 	// connection costs one attempt, not the whole RetryTimeout. A timed-out
 	// push is retried with the same seq, so it is still applied at most once.
 	AttemptTimeout time.Duration
+	// SuspectAfter: a call not answered this long (default 150ms) makes the
+	// client ask two other nodes, every SuspectAfter/3 after that, when
+	// they last heard from the node it waits for (PeerContact). If one has
+	// not for SuspectSilence (default 250ms: a live node is heard from
+	// several times per Raft heartbeat interval), the node is taken for
+	// dead or cut off and the call is abandoned as if its attempt had timed
+	// out, outcome unknown. Without it a client waits out AttemptTimeout on
+	// a dead machine, which does not refuse connections. Negative turns the
+	// asking off.
+	SuspectAfter   time.Duration
+	SuspectSilence time.Duration
 	// MaxMessageBytes caps a message the client sends or receives (default 64 MiB).
 	MaxMessageBytes int
 }
@@ -95,6 +106,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.AttemptTimeout == 0 {
 		cfg.AttemptTimeout = 10 * time.Second
+	}
+	if cfg.SuspectAfter == 0 {
+		cfg.SuspectAfter = 150 * time.Millisecond
+	}
+	if cfg.SuspectSilence == 0 {
+		cfg.SuspectSilence = 250 * time.Millisecond
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
@@ -285,12 +302,13 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 // out of that time while ctx is still alive is retryable: the node may be
 // stopped, or cut off, without the connection noticing.
 func (c *Client) attempt(ctx context.Context, addr string, fn func(ctx context.Context, addr string) error) error {
-	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	actx, cancel := c.attemptContext(ctx, addr)
 	defer cancel()
 	err := fn(actx, addr)
-	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-		c.markSilent(addr)
-		return fmt.Errorf("raftps client: %s: %w: no answer within the attempt timeout %s (outcome unknown): %v", addr, ErrUnavailable, c.cfg.AttemptTimeout, err)
+	if err != nil && ctx.Err() == nil {
+		if err := c.abandoned(actx, addr, err); err != nil {
+			return err
+		}
 	}
 	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "connection") {
 		// The transport's own failure (refused, reset, closing), not a
@@ -884,9 +902,15 @@ func (c *Client) batchAttempt(ctx context.Context, addr string, shards []uint32,
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	actx, cancel := c.attemptContext(ctx, addr)
 	defer cancel()
-	return batch(actx, addr, st, shards)
+	res, err := batch(actx, addr, st, shards)
+	if err != nil && ctx.Err() == nil {
+		if aerr := c.abandoned(actx, addr, err); aerr != nil {
+			return nil, aerr
+		}
+	}
+	return res, err
 }
 
 func (c *Client) nextSeq(group string) uint64 {

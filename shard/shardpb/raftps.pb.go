@@ -1706,6 +1706,104 @@ func (x *ReadIndexResponse) GetIndex() uint64 {
 	return 0
 }
 
+type PeerContactRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerContactRequest) Reset() {
+	*x = PeerContactRequest{}
+	mi := &file_raftps_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerContactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerContactRequest) ProtoMessage() {}
+
+func (x *PeerContactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerContactRequest.ProtoReflect.Descriptor instead.
+func (*PeerContactRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PeerContactRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+type PeerContactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// known: this node has heard from addr at least once since it started.
+	Known bool `protobuf:"varint,1,opt,name=known,proto3" json:"known,omitempty"`
+	// silent_ns: nanoseconds since it last did.
+	SilentNs      int64 `protobuf:"varint,2,opt,name=silent_ns,json=silentNs,proto3" json:"silent_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerContactResponse) Reset() {
+	*x = PeerContactResponse{}
+	mi := &file_raftps_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerContactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerContactResponse) ProtoMessage() {}
+
+func (x *PeerContactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerContactResponse.ProtoReflect.Descriptor instead.
+func (*PeerContactResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PeerContactResponse) GetKnown() bool {
+	if x != nil {
+		return x.Known
+	}
+	return false
+}
+
+func (x *PeerContactResponse) GetSilentNs() int64 {
+	if x != nil {
+		return x.SilentNs
+	}
+	return 0
+}
+
 type ReportHotRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Table  string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
@@ -1720,7 +1818,7 @@ type ReportHotRequest struct {
 
 func (x *ReportHotRequest) Reset() {
 	*x = ReportHotRequest{}
-	mi := &file_raftps_proto_msgTypes[24]
+	mi := &file_raftps_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1830,7 @@ func (x *ReportHotRequest) String() string {
 func (*ReportHotRequest) ProtoMessage() {}
 
 func (x *ReportHotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[24]
+	mi := &file_raftps_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1843,7 @@ func (x *ReportHotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{24}
+	return file_raftps_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReportHotRequest) GetTable() string {
@@ -1791,7 +1889,7 @@ type ReportHotResponse struct {
 
 func (x *ReportHotResponse) Reset() {
 	*x = ReportHotResponse{}
-	mi := &file_raftps_proto_msgTypes[25]
+	mi := &file_raftps_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1901,7 @@ func (x *ReportHotResponse) String() string {
 func (*ReportHotResponse) ProtoMessage() {}
 
 func (x *ReportHotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[25]
+	mi := &file_raftps_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1914,7 @@ func (x *ReportHotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{25}
+	return file_raftps_proto_rawDescGZIP(), []int{27}
 }
 
 type AssignHotRequest struct {
@@ -1835,7 +1933,7 @@ type AssignHotRequest struct {
 
 func (x *AssignHotRequest) Reset() {
 	*x = AssignHotRequest{}
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +1945,7 @@ func (x *AssignHotRequest) String() string {
 func (*AssignHotRequest) ProtoMessage() {}
 
 func (x *AssignHotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +1958,7 @@ func (x *AssignHotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignHotRequest.ProtoReflect.Descriptor instead.
 func (*AssignHotRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{26}
+	return file_raftps_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AssignHotRequest) GetTable() string {
@@ -1913,7 +2011,7 @@ type AssignHotResponse struct {
 
 func (x *AssignHotResponse) Reset() {
 	*x = AssignHotResponse{}
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2023,7 @@ func (x *AssignHotResponse) String() string {
 func (*AssignHotResponse) ProtoMessage() {}
 
 func (x *AssignHotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2036,7 @@ func (x *AssignHotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignHotResponse.ProtoReflect.Descriptor instead.
 func (*AssignHotResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{27}
+	return file_raftps_proto_rawDescGZIP(), []int{29}
 }
 
 type HotRowsRequest struct {
@@ -1952,7 +2050,7 @@ type HotRowsRequest struct {
 
 func (x *HotRowsRequest) Reset() {
 	*x = HotRowsRequest{}
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2062,7 @@ func (x *HotRowsRequest) String() string {
 func (*HotRowsRequest) ProtoMessage() {}
 
 func (x *HotRowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2075,7 @@ func (x *HotRowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotRowsRequest.ProtoReflect.Descriptor instead.
 func (*HotRowsRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{28}
+	return file_raftps_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HotRowsRequest) GetTable() string {
@@ -2011,7 +2109,7 @@ type HotRowsResponse struct {
 
 func (x *HotRowsResponse) Reset() {
 	*x = HotRowsResponse{}
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2121,7 @@ func (x *HotRowsResponse) String() string {
 func (*HotRowsResponse) ProtoMessage() {}
 
 func (x *HotRowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2134,7 @@ func (x *HotRowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotRowsResponse.ProtoReflect.Descriptor instead.
 func (*HotRowsResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{29}
+	return file_raftps_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HotRowsResponse) GetValues() []byte {
@@ -2063,7 +2161,7 @@ type HotKeysRequest struct {
 
 func (x *HotKeysRequest) Reset() {
 	*x = HotKeysRequest{}
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2173,7 @@ func (x *HotKeysRequest) String() string {
 func (*HotKeysRequest) ProtoMessage() {}
 
 func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2186,7 @@ func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysRequest.ProtoReflect.Descriptor instead.
 func (*HotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{30}
+	return file_raftps_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HotKeysRequest) GetTable() string {
@@ -2107,7 +2205,7 @@ type HotKeysResponse struct {
 
 func (x *HotKeysResponse) Reset() {
 	*x = HotKeysResponse{}
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2217,7 @@ func (x *HotKeysResponse) String() string {
 func (*HotKeysResponse) ProtoMessage() {}
 
 func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2230,7 @@ func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysResponse.ProtoReflect.Descriptor instead.
 func (*HotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{31}
+	return file_raftps_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HotKeysResponse) GetShards() []*HotShard {
@@ -2158,7 +2256,7 @@ type HotShard struct {
 
 func (x *HotShard) Reset() {
 	*x = HotShard{}
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2268,7 @@ func (x *HotShard) String() string {
 func (*HotShard) ProtoMessage() {}
 
 func (x *HotShard) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2281,7 @@ func (x *HotShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotShard.ProtoReflect.Descriptor instead.
 func (*HotShard) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{32}
+	return file_raftps_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HotShard) GetTable() string {
@@ -2239,7 +2337,7 @@ type HotKey struct {
 
 func (x *HotKey) Reset() {
 	*x = HotKey{}
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2349,7 @@ func (x *HotKey) String() string {
 func (*HotKey) ProtoMessage() {}
 
 func (x *HotKey) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2362,7 @@ func (x *HotKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKey.ProtoReflect.Descriptor instead.
 func (*HotKey) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{33}
+	return file_raftps_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HotKey) GetKey() uint64 {
@@ -2302,7 +2400,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2412,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2425,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{34}
+	return file_raftps_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -2397,7 +2495,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2507,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2520,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{35}
+	return file_raftps_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicaStatus) GetGroup() string {
@@ -2536,7 +2634,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +2646,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +2659,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{36}
+	return file_raftps_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NotLeader) GetGroup() string {
@@ -2610,7 +2708,7 @@ type JoinJobRequest struct {
 
 func (x *JoinJobRequest) Reset() {
 	*x = JoinJobRequest{}
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2720,7 @@ func (x *JoinJobRequest) String() string {
 func (*JoinJobRequest) ProtoMessage() {}
 
 func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2733,7 @@ func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobRequest.ProtoReflect.Descriptor instead.
 func (*JoinJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{37}
+	return file_raftps_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JoinJobRequest) GetJob() string {
@@ -2676,7 +2774,7 @@ type JoinJobResponse struct {
 
 func (x *JoinJobResponse) Reset() {
 	*x = JoinJobResponse{}
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2688,7 +2786,7 @@ func (x *JoinJobResponse) String() string {
 func (*JoinJobResponse) ProtoMessage() {}
 
 func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2701,7 +2799,7 @@ func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobResponse.ProtoReflect.Descriptor instead.
 func (*JoinJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{38}
+	return file_raftps_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JoinJobResponse) GetRank() uint32 {
@@ -2727,7 +2825,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2837,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2850,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{39}
+	return file_raftps_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetJobRequest) GetJob() string {
@@ -2773,7 +2871,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +2883,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +2896,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{40}
+	return file_raftps_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2824,7 +2922,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2934,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +2947,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{41}
+	return file_raftps_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteJobRequest) GetJob() string {
@@ -2867,7 +2965,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +2977,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +2990,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{42}
+	return file_raftps_proto_rawDescGZIP(), []int{44}
 }
 
 // Job is a trainer job's current round, as the metadata group stores it.
@@ -2909,7 +3007,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_raftps_proto_msgTypes[43]
+	mi := &file_raftps_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3019,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[43]
+	mi := &file_raftps_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3032,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{43}
+	return file_raftps_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Job) GetName() string {
@@ -2975,7 +3073,7 @@ type JobMember struct {
 
 func (x *JobMember) Reset() {
 	*x = JobMember{}
-	mi := &file_raftps_proto_msgTypes[44]
+	mi := &file_raftps_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3085,7 @@ func (x *JobMember) String() string {
 func (*JobMember) ProtoMessage() {}
 
 func (x *JobMember) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[44]
+	mi := &file_raftps_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3098,7 @@ func (x *JobMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobMember.ProtoReflect.Descriptor instead.
 func (*JobMember) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{44}
+	return file_raftps_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JobMember) GetRank() uint32 {
@@ -3034,7 +3132,7 @@ type MetaSnapshot struct {
 
 func (x *MetaSnapshot) Reset() {
 	*x = MetaSnapshot{}
-	mi := &file_raftps_proto_msgTypes[45]
+	mi := &file_raftps_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +3144,7 @@ func (x *MetaSnapshot) String() string {
 func (*MetaSnapshot) ProtoMessage() {}
 
 func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[45]
+	mi := &file_raftps_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +3157,7 @@ func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSnapshot.ProtoReflect.Descriptor instead.
 func (*MetaSnapshot) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{45}
+	return file_raftps_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MetaSnapshot) GetTables() []*TableSpec {
@@ -3111,7 +3209,7 @@ type ClusterNode struct {
 
 func (x *ClusterNode) Reset() {
 	*x = ClusterNode{}
-	mi := &file_raftps_proto_msgTypes[46]
+	mi := &file_raftps_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3221,7 @@ func (x *ClusterNode) String() string {
 func (*ClusterNode) ProtoMessage() {}
 
 func (x *ClusterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[46]
+	mi := &file_raftps_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3234,7 @@ func (x *ClusterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
 func (*ClusterNode) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{46}
+	return file_raftps_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClusterNode) GetId() string {
@@ -3184,7 +3282,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_raftps_proto_msgTypes[47]
+	mi := &file_raftps_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3294,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[47]
+	mi := &file_raftps_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3307,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{47}
+	return file_raftps_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShardMap) GetTable() string {
@@ -3260,7 +3358,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_raftps_proto_msgTypes[48]
+	mi := &file_raftps_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3370,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[48]
+	mi := &file_raftps_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3383,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{48}
+	return file_raftps_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ClusterMap) GetVersion() uint64 {
@@ -3325,7 +3423,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_raftps_proto_msgTypes[49]
+	mi := &file_raftps_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3435,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[49]
+	mi := &file_raftps_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3448,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{49}
+	return file_raftps_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *JoinClusterRequest) GetNode() *ClusterNode {
@@ -3369,7 +3467,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_raftps_proto_msgTypes[50]
+	mi := &file_raftps_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3381,7 +3479,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[50]
+	mi := &file_raftps_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3394,7 +3492,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{50}
+	return file_raftps_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *JoinClusterResponse) GetMapVersion() uint64 {
@@ -3414,7 +3512,7 @@ type SetNodeAdminRequest struct {
 
 func (x *SetNodeAdminRequest) Reset() {
 	*x = SetNodeAdminRequest{}
-	mi := &file_raftps_proto_msgTypes[51]
+	mi := &file_raftps_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3426,7 +3524,7 @@ func (x *SetNodeAdminRequest) String() string {
 func (*SetNodeAdminRequest) ProtoMessage() {}
 
 func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[51]
+	mi := &file_raftps_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3439,7 +3537,7 @@ func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{51}
+	return file_raftps_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetNodeAdminRequest) GetId() string {
@@ -3464,7 +3562,7 @@ type SetNodeAdminResponse struct {
 
 func (x *SetNodeAdminResponse) Reset() {
 	*x = SetNodeAdminResponse{}
-	mi := &file_raftps_proto_msgTypes[52]
+	mi := &file_raftps_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3574,7 @@ func (x *SetNodeAdminResponse) String() string {
 func (*SetNodeAdminResponse) ProtoMessage() {}
 
 func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[52]
+	mi := &file_raftps_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3587,7 @@ func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{52}
+	return file_raftps_proto_rawDescGZIP(), []int{54}
 }
 
 type GetClusterMapRequest struct {
@@ -3500,7 +3598,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_raftps_proto_msgTypes[53]
+	mi := &file_raftps_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3610,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[53]
+	mi := &file_raftps_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3623,7 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{53}
+	return file_raftps_proto_rawDescGZIP(), []int{55}
 }
 
 // MetaSetShard is the metadata command that changes one shard's entry, if
@@ -3543,7 +3641,7 @@ type MetaSetShard struct {
 
 func (x *MetaSetShard) Reset() {
 	*x = MetaSetShard{}
-	mi := &file_raftps_proto_msgTypes[54]
+	mi := &file_raftps_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3653,7 @@ func (x *MetaSetShard) String() string {
 func (*MetaSetShard) ProtoMessage() {}
 
 func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[54]
+	mi := &file_raftps_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3666,7 @@ func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSetShard.ProtoReflect.Descriptor instead.
 func (*MetaSetShard) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{54}
+	return file_raftps_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *MetaSetShard) GetTable() string {
@@ -3618,7 +3716,7 @@ type MetaCreateTable struct {
 
 func (x *MetaCreateTable) Reset() {
 	*x = MetaCreateTable{}
-	mi := &file_raftps_proto_msgTypes[55]
+	mi := &file_raftps_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3630,7 +3728,7 @@ func (x *MetaCreateTable) String() string {
 func (*MetaCreateTable) ProtoMessage() {}
 
 func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[55]
+	mi := &file_raftps_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3643,7 +3741,7 @@ func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCreateTable.ProtoReflect.Descriptor instead.
 func (*MetaCreateTable) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{55}
+	return file_raftps_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *MetaCreateTable) GetSpec() *TableSpec {
@@ -3678,7 +3776,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_raftps_proto_msgTypes[56]
+	mi := &file_raftps_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3690,7 +3788,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[56]
+	mi := &file_raftps_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3703,7 +3801,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{56}
+	return file_raftps_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReconfigureRequest) GetTable() string {
@@ -3764,7 +3862,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_raftps_proto_msgTypes[57]
+	mi := &file_raftps_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3776,7 +3874,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[57]
+	mi := &file_raftps_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3789,7 +3887,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{57}
+	return file_raftps_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReconfigureResponse) GetState() string {
@@ -3943,7 +4041,12 @@ const file_raftps_proto_rawDesc = "" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\")\n" +
 	"\x11ReadIndexResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\"\x83\x01\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"(\n" +
+	"\x12PeerContactRequest\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\"H\n" +
+	"\x13PeerContactResponse\x12\x14\n" +
+	"\x05known\x18\x01 \x01(\bR\x05known\x12\x1b\n" +
+	"\tsilent_ns\x18\x02 \x01(\x03R\bsilentNs\"\x83\x01\n" +
 	"\x10ReportHotRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x17\n" +
@@ -4107,7 +4210,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\rReconfigureOp\x12\x15\n" +
 	"\x11RECONFIGURE_QUERY\x10\x00\x12\x13\n" +
 	"\x0fRECONFIGURE_ADD\x10\x01\x12\x16\n" +
-	"\x12RECONFIGURE_REMOVE\x10\x022\xe5\v\n" +
+	"\x12RECONFIGURE_REMOVE\x10\x022\xb3\f\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -4131,7 +4234,8 @@ const file_raftps_proto_rawDesc = "" +
 	"\tReportHot\x12\x1b.raftps.v1.ReportHotRequest\x1a\x1c.raftps.v1.ReportHotResponse\x12F\n" +
 	"\tAssignHot\x12\x1b.raftps.v1.AssignHotRequest\x1a\x1c.raftps.v1.AssignHotResponse\x12@\n" +
 	"\aHotRows\x12\x19.raftps.v1.HotRowsRequest\x1a\x1a.raftps.v1.HotRowsResponse\x12@\n" +
-	"\aHotKeys\x12\x19.raftps.v1.HotKeysRequest\x1a\x1a.raftps.v1.HotKeysResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\aHotKeys\x12\x19.raftps.v1.HotKeysRequest\x1a\x1a.raftps.v1.HotKeysResponse\x12L\n" +
+	"\vPeerContact\x12\x1d.raftps.v1.PeerContactRequest\x1a\x1e.raftps.v1.PeerContactResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_raftps_proto_rawDescOnce sync.Once
@@ -4146,7 +4250,7 @@ func file_raftps_proto_rawDescGZIP() []byte {
 }
 
 var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(NodeAdmin)(0),                // 1: raftps.v1.NodeAdmin
@@ -4175,40 +4279,42 @@ var file_raftps_proto_goTypes = []any{
 	(*AlterTableResponse)(nil),    // 24: raftps.v1.AlterTableResponse
 	(*ReadIndexRequest)(nil),      // 25: raftps.v1.ReadIndexRequest
 	(*ReadIndexResponse)(nil),     // 26: raftps.v1.ReadIndexResponse
-	(*ReportHotRequest)(nil),      // 27: raftps.v1.ReportHotRequest
-	(*ReportHotResponse)(nil),     // 28: raftps.v1.ReportHotResponse
-	(*AssignHotRequest)(nil),      // 29: raftps.v1.AssignHotRequest
-	(*AssignHotResponse)(nil),     // 30: raftps.v1.AssignHotResponse
-	(*HotRowsRequest)(nil),        // 31: raftps.v1.HotRowsRequest
-	(*HotRowsResponse)(nil),       // 32: raftps.v1.HotRowsResponse
-	(*HotKeysRequest)(nil),        // 33: raftps.v1.HotKeysRequest
-	(*HotKeysResponse)(nil),       // 34: raftps.v1.HotKeysResponse
-	(*HotShard)(nil),              // 35: raftps.v1.HotShard
-	(*HotKey)(nil),                // 36: raftps.v1.HotKey
-	(*NodeInfo)(nil),              // 37: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 38: raftps.v1.ReplicaStatus
-	(*NotLeader)(nil),             // 39: raftps.v1.NotLeader
-	(*JoinJobRequest)(nil),        // 40: raftps.v1.JoinJobRequest
-	(*JoinJobResponse)(nil),       // 41: raftps.v1.JoinJobResponse
-	(*GetJobRequest)(nil),         // 42: raftps.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 43: raftps.v1.GetJobResponse
-	(*DeleteJobRequest)(nil),      // 44: raftps.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),     // 45: raftps.v1.DeleteJobResponse
-	(*Job)(nil),                   // 46: raftps.v1.Job
-	(*JobMember)(nil),             // 47: raftps.v1.JobMember
-	(*MetaSnapshot)(nil),          // 48: raftps.v1.MetaSnapshot
-	(*ClusterNode)(nil),           // 49: raftps.v1.ClusterNode
-	(*ShardMap)(nil),              // 50: raftps.v1.ShardMap
-	(*ClusterMap)(nil),            // 51: raftps.v1.ClusterMap
-	(*JoinClusterRequest)(nil),    // 52: raftps.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),   // 53: raftps.v1.JoinClusterResponse
-	(*SetNodeAdminRequest)(nil),   // 54: raftps.v1.SetNodeAdminRequest
-	(*SetNodeAdminResponse)(nil),  // 55: raftps.v1.SetNodeAdminResponse
-	(*GetClusterMapRequest)(nil),  // 56: raftps.v1.GetClusterMapRequest
-	(*MetaSetShard)(nil),          // 57: raftps.v1.MetaSetShard
-	(*MetaCreateTable)(nil),       // 58: raftps.v1.MetaCreateTable
-	(*ReconfigureRequest)(nil),    // 59: raftps.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),   // 60: raftps.v1.ReconfigureResponse
+	(*PeerContactRequest)(nil),    // 27: raftps.v1.PeerContactRequest
+	(*PeerContactResponse)(nil),   // 28: raftps.v1.PeerContactResponse
+	(*ReportHotRequest)(nil),      // 29: raftps.v1.ReportHotRequest
+	(*ReportHotResponse)(nil),     // 30: raftps.v1.ReportHotResponse
+	(*AssignHotRequest)(nil),      // 31: raftps.v1.AssignHotRequest
+	(*AssignHotResponse)(nil),     // 32: raftps.v1.AssignHotResponse
+	(*HotRowsRequest)(nil),        // 33: raftps.v1.HotRowsRequest
+	(*HotRowsResponse)(nil),       // 34: raftps.v1.HotRowsResponse
+	(*HotKeysRequest)(nil),        // 35: raftps.v1.HotKeysRequest
+	(*HotKeysResponse)(nil),       // 36: raftps.v1.HotKeysResponse
+	(*HotShard)(nil),              // 37: raftps.v1.HotShard
+	(*HotKey)(nil),                // 38: raftps.v1.HotKey
+	(*NodeInfo)(nil),              // 39: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 40: raftps.v1.ReplicaStatus
+	(*NotLeader)(nil),             // 41: raftps.v1.NotLeader
+	(*JoinJobRequest)(nil),        // 42: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 43: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 44: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 45: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 46: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 47: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 48: raftps.v1.Job
+	(*JobMember)(nil),             // 49: raftps.v1.JobMember
+	(*MetaSnapshot)(nil),          // 50: raftps.v1.MetaSnapshot
+	(*ClusterNode)(nil),           // 51: raftps.v1.ClusterNode
+	(*ShardMap)(nil),              // 52: raftps.v1.ShardMap
+	(*ClusterMap)(nil),            // 53: raftps.v1.ClusterMap
+	(*JoinClusterRequest)(nil),    // 54: raftps.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),   // 55: raftps.v1.JoinClusterResponse
+	(*SetNodeAdminRequest)(nil),   // 56: raftps.v1.SetNodeAdminRequest
+	(*SetNodeAdminResponse)(nil),  // 57: raftps.v1.SetNodeAdminResponse
+	(*GetClusterMapRequest)(nil),  // 58: raftps.v1.GetClusterMapRequest
+	(*MetaSetShard)(nil),          // 59: raftps.v1.MetaSetShard
+	(*MetaCreateTable)(nil),       // 60: raftps.v1.MetaCreateTable
+	(*ReconfigureRequest)(nil),    // 61: raftps.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),   // 62: raftps.v1.ReconfigureResponse
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
@@ -4223,33 +4329,33 @@ var file_raftps_proto_depIdxs = []int32{
 	3,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
 	3,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
 	17, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	50, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
-	49, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
+	52, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
+	51, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
 	3,  // 14: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
-	37, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	38, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	46, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
-	50, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
-	35, // 19: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
+	39, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	40, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	48, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	52, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
+	37, // 19: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
 	22, // 20: raftps.v1.StatusResponse.served:type_name -> raftps.v1.ServedCount
 	0,  // 21: raftps.v1.AlterTableRequest.consistency:type_name -> raftps.v1.Consistency
 	3,  // 22: raftps.v1.AlterTableResponse.spec:type_name -> raftps.v1.TableSpec
-	35, // 23: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
-	36, // 24: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
-	46, // 25: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
-	47, // 26: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	37, // 23: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
+	38, // 24: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
+	48, // 25: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	49, // 26: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
 	3,  // 27: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
-	46, // 28: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
-	49, // 29: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
-	50, // 30: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
+	48, // 28: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	51, // 29: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
+	52, // 30: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
 	1,  // 31: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
-	49, // 32: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
-	50, // 33: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
+	51, // 32: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
+	52, // 33: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
 	3,  // 34: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
-	49, // 35: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
+	51, // 35: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
 	1,  // 36: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
 	3,  // 37: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
-	50, // 38: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
+	52, // 38: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
 	2,  // 39: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
 	4,  // 40: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
 	6,  // 41: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
@@ -4259,42 +4365,44 @@ var file_raftps_proto_depIdxs = []int32{
 	15, // 45: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
 	18, // 46: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
 	20, // 47: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	40, // 48: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
-	42, // 49: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
-	44, // 50: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
-	52, // 51: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
-	54, // 52: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
-	56, // 53: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
-	59, // 54: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
+	42, // 48: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	44, // 49: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	46, // 50: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	54, // 51: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
+	56, // 52: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
+	58, // 53: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
+	61, // 54: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
 	23, // 55: raftps.v1.ParameterServer.AlterTable:input_type -> raftps.v1.AlterTableRequest
 	25, // 56: raftps.v1.ParameterServer.ReadIndex:input_type -> raftps.v1.ReadIndexRequest
-	27, // 57: raftps.v1.ParameterServer.ReportHot:input_type -> raftps.v1.ReportHotRequest
-	29, // 58: raftps.v1.ParameterServer.AssignHot:input_type -> raftps.v1.AssignHotRequest
-	31, // 59: raftps.v1.ParameterServer.HotRows:input_type -> raftps.v1.HotRowsRequest
-	33, // 60: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
-	5,  // 61: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	7,  // 62: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	10, // 63: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	12, // 64: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	14, // 65: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	16, // 66: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	19, // 67: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	21, // 68: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	41, // 69: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
-	43, // 70: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
-	45, // 71: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
-	53, // 72: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
-	55, // 73: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
-	51, // 74: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
-	60, // 75: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
-	24, // 76: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
-	26, // 77: raftps.v1.ParameterServer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
-	28, // 78: raftps.v1.ParameterServer.ReportHot:output_type -> raftps.v1.ReportHotResponse
-	30, // 79: raftps.v1.ParameterServer.AssignHot:output_type -> raftps.v1.AssignHotResponse
-	32, // 80: raftps.v1.ParameterServer.HotRows:output_type -> raftps.v1.HotRowsResponse
-	34, // 81: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
-	61, // [61:82] is the sub-list for method output_type
-	40, // [40:61] is the sub-list for method input_type
+	29, // 57: raftps.v1.ParameterServer.ReportHot:input_type -> raftps.v1.ReportHotRequest
+	31, // 58: raftps.v1.ParameterServer.AssignHot:input_type -> raftps.v1.AssignHotRequest
+	33, // 59: raftps.v1.ParameterServer.HotRows:input_type -> raftps.v1.HotRowsRequest
+	35, // 60: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
+	27, // 61: raftps.v1.ParameterServer.PeerContact:input_type -> raftps.v1.PeerContactRequest
+	5,  // 62: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	7,  // 63: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	10, // 64: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	12, // 65: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	14, // 66: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	16, // 67: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	19, // 68: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	21, // 69: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	43, // 70: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	45, // 71: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	47, // 72: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	55, // 73: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
+	57, // 74: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
+	53, // 75: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
+	62, // 76: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
+	24, // 77: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
+	26, // 78: raftps.v1.ParameterServer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
+	30, // 79: raftps.v1.ParameterServer.ReportHot:output_type -> raftps.v1.ReportHotResponse
+	32, // 80: raftps.v1.ParameterServer.AssignHot:output_type -> raftps.v1.AssignHotResponse
+	34, // 81: raftps.v1.ParameterServer.HotRows:output_type -> raftps.v1.HotRowsResponse
+	36, // 82: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
+	28, // 83: raftps.v1.ParameterServer.PeerContact:output_type -> raftps.v1.PeerContactResponse
+	62, // [62:84] is the sub-list for method output_type
+	40, // [40:62] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name
@@ -4311,7 +4419,7 @@ func file_raftps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   58,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,7 @@ const (
 	ParameterServer_AssignHot_FullMethodName     = "/raftps.v1.ParameterServer/AssignHot"
 	ParameterServer_HotRows_FullMethodName       = "/raftps.v1.ParameterServer/HotRows"
 	ParameterServer_HotKeys_FullMethodName       = "/raftps.v1.ParameterServer/HotKeys"
+	ParameterServer_PeerContact_FullMethodName   = "/raftps.v1.ParameterServer/PeerContact"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -112,6 +113,14 @@ type ParameterServerClient interface {
 	AssignHot(ctx context.Context, in *AssignHotRequest, opts ...grpc.CallOption) (*AssignHotResponse, error)
 	HotRows(ctx context.Context, in *HotRowsRequest, opts ...grpc.CallOption) (*HotRowsResponse, error)
 	HotKeys(ctx context.Context, in *HotKeysRequest, opts ...grpc.CallOption) (*HotKeysResponse, error)
+	// PeerContact says how long ago this node last heard from the node at
+	// addr: any Raft message of any group, or an answer to one. A leader
+	// heartbeats its followers ten times per heartbeat timeout, so a node
+	// that shares a group with addr hears from it many times a second while
+	// it lives. A client whose call to addr has not been answered asks the
+	// others, to tell a dead node from a slow one without waiting out its
+	// attempt timeout.
+	PeerContact(ctx context.Context, in *PeerContactRequest, opts ...grpc.CallOption) (*PeerContactResponse, error)
 }
 
 type parameterServerClient struct {
@@ -332,6 +341,16 @@ func (c *parameterServerClient) HotKeys(ctx context.Context, in *HotKeysRequest,
 	return out, nil
 }
 
+func (c *parameterServerClient) PeerContact(ctx context.Context, in *PeerContactRequest, opts ...grpc.CallOption) (*PeerContactResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerContactResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_PeerContact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -398,6 +417,14 @@ type ParameterServerServer interface {
 	AssignHot(context.Context, *AssignHotRequest) (*AssignHotResponse, error)
 	HotRows(context.Context, *HotRowsRequest) (*HotRowsResponse, error)
 	HotKeys(context.Context, *HotKeysRequest) (*HotKeysResponse, error)
+	// PeerContact says how long ago this node last heard from the node at
+	// addr: any Raft message of any group, or an answer to one. A leader
+	// heartbeats its followers ten times per heartbeat timeout, so a node
+	// that shares a group with addr hears from it many times a second while
+	// it lives. A client whose call to addr has not been answered asks the
+	// others, to tell a dead node from a slow one without waiting out its
+	// attempt timeout.
+	PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -470,6 +497,9 @@ func (UnimplementedParameterServerServer) HotRows(context.Context, *HotRowsReque
 }
 func (UnimplementedParameterServerServer) HotKeys(context.Context, *HotKeysRequest) (*HotKeysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HotKeys not implemented")
+}
+func (UnimplementedParameterServerServer) PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PeerContact not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -870,6 +900,24 @@ func _ParameterServer_HotKeys_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_PeerContact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerContactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).PeerContact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_PeerContact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).PeerContact(ctx, req.(*PeerContactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -960,6 +1008,10 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "HotKeys",
 			Handler:    _ParameterServer_HotKeys_Handler,
+		},
+		{
+			MethodName: "PeerContact",
+			Handler:    _ParameterServer_PeerContact_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -30,6 +30,29 @@ var (
 	ErrBadRequest = errors.New("bad request")
 	// ErrGroupClosed: the group has been shut down on this node.
 	ErrGroupClosed = errors.New("group closed")
+
+	// ErrNotHead: a chain push reached a replica that is not the chain's
+	// head. The error is a *NotHeadError carrying the head it knows of.
+	ErrNotHead = errors.New("not the chain head")
+	// ErrNotTail: a linearizable chain read (or a CRAQ read of dirty keys)
+	// reached a replica that is not the chain's tail.
+	ErrNotTail = errors.New("not the chain tail")
+	// ErrStaleEpoch: a chain configuration or message is from an older epoch
+	// than the receiver's (or from the same epoch with a different order).
+	ErrStaleEpoch = errors.New("stale chain epoch")
+	// ErrEpochAhead: a chain message is from a newer epoch than the
+	// receiver's; the receiver refuses it until its own SetConfig catches up.
+	ErrEpochAhead = errors.New("chain epoch ahead of this replica")
+	// ErrNotMember: this node is not in the chain's current order (it was
+	// removed, or has not been configured yet).
+	ErrNotMember = errors.New("not a member of the chain")
+	// ErrChainNotReady: the chain replica cannot serve the read yet: a new
+	// tail (or a member that just reconnected) has not caught up with what
+	// its predecessor knows to be committed. Retry shortly.
+	ErrChainNotReady = errors.New("chain replica not caught up")
+	// ErrReplicaBroken: the chain replica's disk failed; it accepts no
+	// pushes or entries until it is reopened.
+	ErrReplicaBroken = errors.New("replica storage failed")
 )
 
 // NotLeaderError is ErrNotLeader with the leader this replica knows of, if any.

@@ -1,0 +1,788 @@
+package replication
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/raftps/raftps/store"
+)
+
+// ChainConfig configures one replica of one chain-replicated shard. Zero
+// fields get the defaults of DefaultChainConfig.
+type ChainConfig struct {
+	// ID names the group on every node, e.g. "users/3"; the ChainMux routes
+	// by it.
+	ID string
+	// NodeAddr is this node's gRPC address: its identity in the chain's
+	// order. Default: the Mux's LocalAddr.
+	NodeAddr string
+	// Dir holds the replica's log (chain.db) and snapshots; created if missing.
+	Dir string
+	// Table is the shard's table config; every replica must have the same.
+	Table store.TableConfig
+	// Mux carries the chain's messages; one per node.
+	Mux *ChainMux
+
+	// DedupeTTL: see DefaultDedupeTTL.
+	DedupeTTL time.Duration
+	// MaxEntryBytes caps one log entry (a batch of pushes); a single push
+	// larger than this is rejected.
+	MaxEntryBytes int
+	// MaxInflight bounds the entries the head has logged that the tail has
+	// not acknowledged; pushes arriving meanwhile wait and go out together.
+	MaxInflight int
+	// SnapshotEvery is how many entries are applied between snapshots of
+	// the table; a snapshot lets the log below it (and below the committed
+	// index) be deleted.
+	SnapshotEvery uint64
+	// RequestTimeout bounds a read sent to the tail.
+	RequestTimeout time.Duration
+	// RetryInterval is how long a predecessor waits before reconnecting to
+	// its successor after the stream broke or was refused.
+	RetryInterval time.Duration
+
+	Logger hclog.Logger
+}
+
+// DefaultChainConfig returns the defaults.
+func DefaultChainConfig() ChainConfig {
+	return ChainConfig{
+		DedupeTTL:      DefaultDedupeTTL,
+		MaxEntryBytes:  8 << 20,
+		MaxInflight:    64,
+		SnapshotEvery:  4096,
+		RequestTimeout: 5 * time.Second,
+		RetryInterval:  50 * time.Millisecond,
+	}
+}
+
+func (c ChainConfig) withDefaults() ChainConfig {
+	d := DefaultChainConfig()
+	if c.DedupeTTL == 0 {
+		c.DedupeTTL = d.DedupeTTL
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = d.MaxEntryBytes
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = d.MaxInflight
+	}
+	if c.SnapshotEvery == 0 {
+		c.SnapshotEvery = d.SnapshotEvery
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = d.RequestTimeout
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = d.RetryInterval
+	}
+	if c.NodeAddr == "" && c.Mux != nil {
+		c.NodeAddr = c.Mux.cfg.LocalAddr
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c
+}
+
+func (c ChainConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("chain %q: invalid config: %s", c.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.ID == "":
+		return bad("ID is empty")
+	case c.Dir == "":
+		return bad("Dir is empty")
+	case c.Mux == nil:
+		return bad("Mux is nil")
+	case c.NodeAddr == "":
+		return bad("NodeAddr is empty")
+	case c.MaxEntryBytes < 1024 || c.MaxEntryBytes > MaxChainMessageBytes/2:
+		return bad("MaxEntryBytes = %d (want 1024 to %d)", c.MaxEntryBytes, MaxChainMessageBytes/2)
+	case c.MaxInflight < 1:
+		return bad("MaxInflight = %d (want at least 1)", c.MaxInflight)
+	case c.RequestTimeout < 0 || c.RetryInterval < 0 || c.DedupeTTL < 0:
+		return bad("negative duration (RequestTimeout %s, RetryInterval %s, DedupeTTL %s)", c.RequestTimeout, c.RetryInterval, c.DedupeTTL)
+	}
+	if err := c.Table.Validate(); err != nil {
+		return fmt.Errorf("chain %q: %w", c.ID, err)
+	}
+	return nil
+}
+
+// Role is a replica's place in its chain.
+type Role uint8
+
+const (
+	RoleNone   Role = iota // not in the chain's order
+	RoleHead               // takes pushes (and is also the tail in a chain of one)
+	RoleMiddle             // forwards entries and acks
+	RoleTail               // commits what it applies; serves linearizable reads
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleHead:
+		return "head"
+	case RoleMiddle:
+		return "middle"
+	case RoleTail:
+		return "tail"
+	}
+	return "none"
+}
+
+// NotHeadError is ErrNotHead with the head this replica knows of, if any.
+type NotHeadError struct {
+	Group string
+	Epoch uint64
+	Head  string // "" if unknown
+}
+
+func (e *NotHeadError) Error() string {
+	if e.Head == "" {
+		return fmt.Sprintf("chain %s: not the head, head unknown (epoch %d)", e.Group, e.Epoch)
+	}
+	return fmt.Sprintf("chain %s: not the head, head is %s (epoch %d)", e.Group, e.Head, e.Epoch)
+}
+
+func (e *NotHeadError) Unwrap() error { return ErrNotHead }
+
+// Chain is one replica of one chain-replicated shard on one node. See the
+// package documentation ("Chain replication") for the protocol and the
+// goroutines.
+//
+// Concurrency: every method is safe for concurrent use. Locks, always taken
+// in this order (a goroutine holding one may take those after it):
+//
+//	snapMu   serialises writing snapshots to Dir and installing them
+//	applyMu  serialises changes to the replicated state and the log: appends
+//	         (head batches and forwarded entries), fsm applies, taking a
+//	         snapshot, installing one, and configuration changes. The fsm's
+//	         one-goroutine contract holds because of it.
+//	mu       configuration (written under applyMu too, so either lock reads
+//	         it), commit state, the in-memory entry cache, waiting pushes,
+//	         the sender and inbound streams. Never held across I/O.
+//	dirtyMu  CRAQ's per-key in-flight counts.
+type Chain struct {
+	cfg ChainConfig
+	log hclog.Logger
+	st  *chainStore
+	fsm *fsm
+	mux *ChainMux
+
+	pushCh   chan *pending
+	inflight chan struct{} // a token per logged, uncommitted head entry
+	snapCh   chan chainSnapJob
+
+	snapMu sync.Mutex
+
+	applyMu   sync.Mutex
+	last      uint64 // index of the last entry persisted and applied (== fsm.appliedIx)
+	lastEpoch uint64 // creation epoch of entry last
+	snapIndex uint64 // the snapshot chain.db records
+	snapEpoch uint64
+	sinceSnap uint64
+	installs  uint64          // snapshots installed from the predecessor; a periodic snapshot taken before one is void
+	keyReader pushBatchReader // dirty marking's own reader (fsm has its own)
+
+	mu          sync.Mutex
+	epoch       uint64
+	order       []string
+	role        Role
+	pred, succ  string
+	committed   uint64
+	commitFloor uint64 // lower bound on the chain's commit index; may exceed last
+	readyEpoch  uint64 // epoch in which the current predecessor's stream said hello
+	broken      error
+	waiting     []*headEntry // head: logged entries not yet committed, by index
+	mem         [][]byte     // entries memFirst.. last, for the sender
+	memFirst    uint64
+	appendCh    chan struct{} // closed and replaced after each append
+	commitCh    chan struct{} // closed and replaced when committed grows
+	senderStop  func()        // cancels the current sender, if any
+	inbound     map[*inboundStream]struct{}
+
+	dirtyMu    sync.RWMutex
+	dirty      map[uint64]int32 // key -> applied-but-uncommitted entries touching it
+	dirtyLog   []dirtyEntry     // those entries' keys, by index
+	dirtyUntil uint64           // every key is dirty until committed reaches it (after a snapshot install)
+
+	committedIx atomic.Uint64 // mirror of committed for lock-free readers
+	epochIx     atomic.Uint64 // mirror of epoch
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	wg        sync.WaitGroup
+
+	// Test hooks: pauseForward stops the sender from sending entries.
+	pauseForward atomic.Bool
+}
+
+// headEntry is a logged head entry whose pushes wait for its commit.
+type headEntry struct {
+	index uint64
+	batch []*pending
+	res   *batchResult
+}
+
+type dirtyEntry struct {
+	index uint64
+	keys  []uint64
+}
+
+type chainSnapJob struct {
+	index, epoch uint64
+	installs     uint64 // Chain.installs when it was taken
+	snap         *fsmSnapshot
+}
+
+// OpenChain opens the replica in cfg.Dir, recovering its last snapshot and
+// log, and registers it with cfg.Mux. A replica without a configuration
+// (a new one) serves nothing until SetConfig.
+func OpenChain(cfg ChainConfig) (*Chain, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	f, err := newFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
+	if err != nil {
+		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
+	}
+	st, meta, err := openChainStore(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
+	}
+	c := &Chain{
+		cfg: cfg, log: cfg.Logger.With("chain", cfg.ID, "node", cfg.NodeAddr), st: st, fsm: f, mux: cfg.Mux,
+		pushCh:   make(chan *pending, 4096),
+		inflight: make(chan struct{}, cfg.MaxInflight),
+		snapCh:   make(chan chainSnapJob, 1),
+		appendCh: make(chan struct{}),
+		commitCh: make(chan struct{}),
+		inbound:  map[*inboundStream]struct{}{},
+		dirty:    map[uint64]int32{},
+		closed:   make(chan struct{}),
+	}
+	if err := c.recover(meta); err != nil {
+		st.close()
+		return nil, fmt.Errorf("chain %s: recovering from %s: %w", cfg.ID, cfg.Dir, err)
+	}
+	if err := c.mux.add(c); err != nil {
+		st.close()
+		return nil, err
+	}
+	c.wg.Add(2)
+	go c.batchLoop()
+	go c.snapshotLoop()
+	c.mu.Lock()
+	c.startSenderLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+// recover loads the snapshot and replays the log after it.
+func (c *Chain) recover(m chainMeta) error {
+	if m.snapIndex > 0 {
+		f, err := c.st.openSnapshot(m.snapIndex)
+		if err != nil {
+			return err
+		}
+		if err := c.fsm.Restore(f); err != nil { // closes f
+			return err
+		}
+		if got := c.fsm.appliedIx.Load(); got != m.snapIndex {
+			return fmt.Errorf("snapshot file of index %d holds index %d", m.snapIndex, got)
+		}
+	}
+	c.snapIndex, c.snapEpoch = m.snapIndex, m.snapEpoch
+	c.last, c.lastEpoch = m.snapIndex, m.snapEpoch
+	c.epoch, c.order = m.epoch, m.order
+	c.epochIx.Store(m.epoch)
+	c.setRoleLocked()
+	var replayed [][]byte
+	err := c.st.replay(m.snapIndex, func(ix uint64, e []byte) error {
+		if len(e) < entryHeader {
+			return fmt.Errorf("entry %d is %d bytes", ix, len(e))
+		}
+		c.markDirtyLocked(ix, e) // dropped below if committed
+		if res := c.fsm.applyCommand(e[entryHeader:]); res.err != nil {
+			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.err)
+		}
+		c.last, c.lastEpoch = ix, entryEpoch(e)
+		replayed = append(replayed, e)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.fsm.setApplied(c.last)
+	c.sinceSnap = c.last - c.snapIndex
+	c.mem, c.memFirst = replayed, m.snapIndex+1
+	c.committed = min(m.committed, c.last)
+	if c.role == RoleTail || (c.role == RoleHead && c.succ == "") {
+		c.committed = c.last
+	}
+	c.commitFloor = c.committed
+	c.committedIx.Store(c.committed)
+	c.releaseDirty(c.committed)
+	c.trimMemLocked()
+	return nil
+}
+
+// ID returns the group's ID.
+func (c *Chain) ID() string { return c.cfg.ID }
+
+// Table returns the table the replica currently serves (it changes when a
+// snapshot is installed).
+func (c *Chain) Table() *store.Table { return c.fsm.table.Load() }
+
+// Checksum returns the digest of the replica's rows (store.Table.Checksum).
+func (c *Chain) Checksum() uint64 { return c.Table().Checksum() }
+
+// AppliedIndex returns the index of the last entry applied (and persisted).
+func (c *Chain) AppliedIndex() uint64 { return c.fsm.appliedIx.Load() }
+
+// CommittedIndex returns the highest index this replica knows the tail has
+// applied.
+func (c *Chain) CommittedIndex() uint64 { return c.committedIx.Load() }
+
+// Epoch returns the epoch of the replica's configuration.
+func (c *Chain) Epoch() uint64 { return c.epochIx.Load() }
+
+// Order returns the chain's members, head first, as of Epoch.
+func (c *Chain) Order() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.order)
+}
+
+// Role returns the replica's place in the chain.
+func (c *Chain) Role() Role {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.role
+}
+
+// Err returns the storage error that stopped the replica, if any.
+func (c *Chain) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
+// Close stops the replica's goroutines, unregisters it from its Mux and
+// closes its log. Pushes waiting for a commit fail with ErrUnknownOutcome;
+// pushes not yet logged with ErrGroupClosed.
+func (c *Chain) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.mux.remove(c)
+		c.applyMu.Lock()
+		c.mu.Lock()
+		close(c.closed)
+		c.stopStreamsLocked()
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ErrGroupClosed))
+		c.mu.Unlock()
+		c.applyMu.Unlock()
+		c.wg.Wait()
+	drain:
+		for {
+			select {
+			case p := <-c.pushCh:
+				p.done <- pushOutcome{err: c.closedErr()}
+			case job := <-c.snapCh:
+				job.snap.Release()
+			default:
+				break drain
+			}
+		}
+		// Under applyMu, as every other use of the store: a SetConfig
+		// racing Close finds it closed (checked under applyMu) or finishes
+		// first.
+		c.applyMu.Lock()
+		err = c.st.close()
+		c.applyMu.Unlock()
+	})
+	return err
+}
+
+func (c *Chain) closedErr() error { return fmt.Errorf("chain %s: %w", c.cfg.ID, ErrGroupClosed) }
+
+func (c *Chain) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// SetConfig installs the chain's configuration of epoch: its members, head
+// first, as the meta group decided. Epochs only grow: an older epoch, or the
+// current one with a different order, is refused with ErrStaleEpoch; the
+// current one with the same order is a no-op. The configuration is persisted
+// before it takes effect.
+//
+// The meta group must keep the members that stay in the order they had and
+// add new members only at the tail: then every member's log is a prefix of
+// its predecessor's, which is what lets a predecessor resend only what its
+// successor lacks. (A successor whose log does not match gets a snapshot,
+// which replaces whatever it applied.)
+//
+// Effects: a node not in order stops serving and fails its waiting pushes
+// with ErrUnknownOutcome (as does a head that is no longer head); a new tail
+// commits everything it has applied; every member with a successor opens a
+// new stream to it, in the new epoch, and resends what it lacks.
+func (c *Chain) SetConfig(epoch uint64, order []string) error {
+	if len(order) == 0 {
+		return fmt.Errorf("chain %s: %w: empty order", c.cfg.ID, ErrBadRequest)
+	}
+	for i, m := range order {
+		if m == "" || slices.Contains(order[:i], m) {
+			return fmt.Errorf("chain %s: %w: order %q has an empty or repeated member", c.cfg.ID, ErrBadRequest, order)
+		}
+	}
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if c.isClosed() {
+		return c.closedErr()
+	}
+	c.mu.Lock()
+	cur, curOrder, broken := c.epoch, c.order, c.broken
+	c.mu.Unlock()
+	switch {
+	case broken != nil:
+		return broken
+	case epoch < cur:
+		return fmt.Errorf("chain %s: %w: epoch %d is older than %d", c.cfg.ID, ErrStaleEpoch, epoch, cur)
+	case epoch == cur && slices.Equal(order, curOrder):
+		return nil
+	case epoch == cur:
+		return fmt.Errorf("chain %s: %w: epoch %d already has order %q, not %q", c.cfg.ID, ErrStaleEpoch, epoch, curOrder, order)
+	}
+	order = slices.Clone(order)
+	if err := c.st.saveConfig(epoch, order); err != nil {
+		return c.failStorage(fmt.Errorf("saving configuration of epoch %d: %w", epoch, err))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wasHead := c.role == RoleHead
+	c.epoch, c.order = epoch, order
+	c.epochIx.Store(epoch)
+	c.setRoleLocked()
+	c.log.Info("chain configuration", "epoch", epoch, "order", order, "role", c.role)
+	c.stopStreamsLocked()
+	if wasHead && c.role != RoleHead {
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: head replaced in epoch %d", c.cfg.ID, ErrUnknownOutcome, epoch))
+	}
+	if c.role == RoleNone {
+		return nil
+	}
+	if c.succ == "" { // the tail: everything applied here is committed
+		c.commitLocked(c.last)
+	}
+	c.startSenderLocked()
+	return nil
+}
+
+// setRoleLocked derives role, pred and succ from order.
+func (c *Chain) setRoleLocked() {
+	c.role, c.pred, c.succ = RoleNone, "", ""
+	i := slices.Index(c.order, c.cfg.NodeAddr)
+	if i < 0 {
+		return
+	}
+	if i > 0 {
+		c.pred = c.order[i-1]
+	}
+	if i < len(c.order)-1 {
+		c.succ = c.order[i+1]
+	}
+	switch {
+	case i == 0:
+		c.role = RoleHead
+	case i == len(c.order)-1:
+		c.role = RoleTail
+	default:
+		c.role = RoleMiddle
+	}
+}
+
+// stopStreamsLocked cancels the sender and every inbound stream; they were
+// set up for the previous configuration.
+func (c *Chain) stopStreamsLocked() {
+	if c.senderStop != nil {
+		c.senderStop()
+		c.senderStop = nil
+	}
+	for s := range c.inbound {
+		s.cancel()
+		delete(c.inbound, s)
+	}
+}
+
+// failStorage records a storage failure: from now on the replica accepts
+// nothing. It returns the error to report.
+func (c *Chain) failStorage(err error) error {
+	err = fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrReplicaBroken, err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken == nil {
+		c.broken = err
+		c.log.Error("storage failed; replica stops", "error", err)
+		c.stopStreamsLocked()
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, err))
+	}
+	return c.broken
+}
+
+// commitLocked advances the committed index to ix: it answers the head's
+// waiting pushes, trims the entry cache, drops dirty marks and wakes the
+// stream that acks to the predecessor.
+func (c *Chain) commitLocked(ix uint64) {
+	if ix <= c.committed {
+		return
+	}
+	c.committed = ix
+	c.committedIx.Store(ix)
+	c.commitFloor = max(c.commitFloor, ix)
+	n := 0
+	for _, w := range c.waiting {
+		if w.index > ix {
+			break
+		}
+		w.answer(c.cfg.ID)
+		<-c.inflight
+		n++
+	}
+	clear(c.waiting[:n])
+	c.waiting = c.waiting[n:]
+	c.trimMemLocked()
+	close(c.commitCh)
+	c.commitCh = make(chan struct{})
+	c.releaseDirty(ix)
+}
+
+// answer hands each push of a committed entry its outcome.
+func (w *headEntry) answer(group string) {
+	res := w.res
+	for i, p := range w.batch {
+		switch {
+		case i < len(res.outcomes):
+			p.done <- res.outcomes[i]
+		case res.err != nil:
+			p.done <- pushOutcome{err: res.err}
+		default:
+			p.done <- pushOutcome{err: fmt.Errorf("chain %s: no outcome for push %d of entry %d", group, i, w.index)}
+		}
+	}
+}
+
+// failWaitingLocked fails every push waiting for a commit.
+func (c *Chain) failWaitingLocked(err error) {
+	for _, w := range c.waiting {
+		for _, p := range w.batch {
+			p.done <- pushOutcome{err: err}
+		}
+		<-c.inflight
+	}
+	clear(c.waiting)
+	c.waiting = c.waiting[:0]
+}
+
+// memKeep is how many committed entries the cache keeps besides the
+// uncommitted ones: a successor that reconnects a little behind is served
+// from memory.
+const memKeep = 64
+
+func (c *Chain) trimMemLocked() {
+	keepFrom := c.committed + 1
+	if keepFrom > memKeep {
+		keepFrom -= memKeep
+	} else {
+		keepFrom = 1
+	}
+	if keepFrom <= c.memFirst {
+		return
+	}
+	n := min(int(keepFrom-c.memFirst), len(c.mem))
+	clear(c.mem[:n])
+	c.mem = c.mem[n:]
+	c.memFirst += uint64(n)
+}
+
+// markDirtyLocked marks the keys of entry ix dirty (caller holds applyMu).
+func (c *Chain) markDirtyLocked(ix uint64, e []byte) {
+	cmd := e[entryHeader:]
+	if len(cmd) == 0 || cmd[0] != cmdPush {
+		return
+	}
+	r := &c.keyReader
+	if r.reset(cmd, c.cfg.Table.Dim) != nil {
+		return
+	}
+	var keys []uint64
+	for {
+		p, err := r.next()
+		if err != nil || p == nil {
+			break
+		}
+		keys = append(keys, p.Keys...)
+	}
+	c.dirtyMu.Lock()
+	for _, k := range keys {
+		c.dirty[k]++
+	}
+	c.dirtyLog = append(c.dirtyLog, dirtyEntry{index: ix, keys: keys})
+	c.dirtyMu.Unlock()
+}
+
+// releaseDirty drops the marks of entries at or below ix.
+func (c *Chain) releaseDirty(ix uint64) {
+	c.dirtyMu.Lock()
+	defer c.dirtyMu.Unlock()
+	n := 0
+	for _, d := range c.dirtyLog {
+		if d.index > ix {
+			break
+		}
+		for _, k := range d.keys {
+			if c.dirty[k]--; c.dirty[k] <= 0 {
+				delete(c.dirty, k)
+			}
+		}
+		n++
+	}
+	clear(c.dirtyLog[:n])
+	c.dirtyLog = c.dirtyLog[n:]
+	if ix >= c.dirtyUntil {
+		c.dirtyUntil = 0
+	}
+}
+
+// appendLocked persists entries first, first+1, ..., applies them and makes
+// them available to the sender; on the tail it commits them. head, if set,
+// is the head's batch for the single entry, registered to be answered at
+// commit. The caller holds applyMu and has checked the configuration.
+func (c *Chain) appendLocked(first uint64, entries [][]byte, head *headEntry) error {
+	if first != c.last+1 {
+		return fmt.Errorf("chain %s: entries from %d do not follow the last applied entry %d", c.cfg.ID, first, c.last)
+	}
+	if err := c.st.append(first, entries, c.committedIx.Load()); err != nil {
+		return c.failStorage(fmt.Errorf("appending entries %d..%d: %w", first, first+uint64(len(entries))-1, err))
+	}
+	tail := c.succ == ""
+	var res *batchResult
+	for i, e := range entries {
+		ix := first + uint64(i)
+		if !tail {
+			c.markDirtyLocked(ix, e)
+		}
+		res = c.fsm.applyCommand(e[entryHeader:])
+		if res.err != nil {
+			// Every replica decodes the same bytes alike, so this is a bad
+			// entry, not a divergence; its decodable pushes were applied.
+			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.err)
+		}
+		c.last, c.lastEpoch = ix, entryEpoch(e)
+	}
+	c.fsm.setApplied(c.last)
+	c.mu.Lock()
+	c.mem = append(c.mem, entries...)
+	if head != nil {
+		head.index, head.res = c.last, res
+		c.waiting = append(c.waiting, head)
+	}
+	if tail {
+		c.commitLocked(c.last)
+	}
+	close(c.appendCh)
+	c.appendCh = make(chan struct{})
+	c.mu.Unlock()
+	c.sinceSnap += uint64(len(entries))
+	if c.sinceSnap >= c.cfg.SnapshotEvery {
+		c.maybeSnapshotLocked()
+	}
+	return nil
+}
+
+// maybeSnapshotLocked hands a snapshot of the current state to the
+// snapshot goroutine, unless it is still writing the previous one. Taking it
+// is O(1) for the table (copy-on-write) plus the dedupe state.
+func (c *Chain) maybeSnapshotLocked() {
+	if len(c.snapCh) > 0 {
+		return
+	}
+	snap, err := c.fsm.Snapshot()
+	if err != nil {
+		return
+	}
+	select {
+	case c.snapCh <- chainSnapJob{index: c.last, epoch: c.lastEpoch, installs: c.installs, snap: snap.(*fsmSnapshot)}:
+		c.sinceSnap = 0
+	default:
+		snap.Release()
+	}
+}
+
+// snapshotLoop writes the snapshots appendLocked takes, then deletes the log
+// entries at or below both the snapshot and the committed index.
+func (c *Chain) snapshotLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.closed:
+			return
+		case job := <-c.snapCh:
+			err := c.writeSnapshot(job)
+			job.snap.Release()
+			if err != nil {
+				c.failStorage(err)
+			}
+		}
+	}
+}
+
+func (c *Chain) writeSnapshot(job chainSnapJob) error {
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	// Installs also hold snapMu, so none can come between this check and
+	// recording the snapshot.
+	c.applyMu.Lock()
+	void := job.installs != c.installs
+	c.applyMu.Unlock()
+	if void {
+		return nil
+	}
+	if err := c.st.writeSnapshot(job.index, func(w io.Writer) error {
+		return job.snap.Persist(writerSink{w})
+	}); err != nil {
+		return err
+	}
+	compactTo := min(job.index, c.committedIx.Load())
+	if err := c.st.useSnapshot(job.index, job.epoch, compactTo, false); err != nil {
+		return fmt.Errorf("recording snapshot %d: %w", job.index, err)
+	}
+	c.applyMu.Lock()
+	if job.index > c.snapIndex {
+		c.snapIndex, c.snapEpoch = job.index, job.epoch
+	}
+	c.applyMu.Unlock()
+	return nil
+}
+
+// writerSink adapts a writer to the raft.SnapshotSink that fsmSnapshot's
+// Persist writes to; the caller flushes and closes the writer.
+type writerSink struct{ w io.Writer }
+
+func (s writerSink) Write(p []byte) (int, error) { return s.w.Write(p) }
+func (s writerSink) Close() error                { return nil }
+func (s writerSink) Cancel() error               { return nil }
+func (s writerSink) ID() string                  { return "" }

@@ -1,0 +1,245 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/raftps/raftps/replication/chainpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+// MaxChainMessageBytes bounds one chain message. A forward message carries
+// whole entries (each at most MaxEntryBytes, which validate keeps at or below
+// half of this) and is cut at chainBatchBytes otherwise. The node's
+// grpc.Server must accept it: ServerOptions allows more.
+const MaxChainMessageBytes = 64 << 20
+
+// chainBatchBytes is how many entry bytes one forward message carries, at
+// least one entry whatever its size.
+const chainBatchBytes = 4 << 20
+
+// ChainMuxConfig configures a ChainMux; zero fields get defaults.
+type ChainMuxConfig struct {
+	// LocalAddr is this node's gRPC address, as peers dial it.
+	LocalAddr string
+	// DialOptions are used to dial peers (default: insecure credentials).
+	DialOptions []grpc.DialOption
+	Logger      hclog.Logger
+}
+
+// ChainMux is one node's chain transport: it serves the chain RPCs of every
+// chain replica on the node's gRPC server (service raftps.chain.v1.Chain,
+// see chainpb) and holds one client connection per peer, shared by every
+// group. Messages name their group; the Mux routes them.
+//
+// Concurrency: all methods are safe for concurrent use. mu guards chains and
+// closed; connMu guards conns.
+type ChainMux struct {
+	cfg ChainMuxConfig
+
+	mu     sync.RWMutex
+	chains map[string]*Chain
+	closed bool
+
+	connMu sync.Mutex
+	conns  map[string]*grpc.ClientConn
+}
+
+// NewChainMux returns a ChainMux for the node at cfg.LocalAddr.
+func NewChainMux(cfg ChainMuxConfig) (*ChainMux, error) {
+	if cfg.LocalAddr == "" {
+		return nil, fmt.Errorf("chain transport: LocalAddr is empty")
+	}
+	if cfg.DialOptions == nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
+		grpc.MaxCallRecvMsgSize(MaxChainMessageBytes), grpc.MaxCallSendMsgSize(MaxChainMessageBytes)),
+		// A successor stopped or cut off without a TCP reset would otherwise
+		// leave the forwarding stream blocked on flow control for ever.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}))
+	return &ChainMux{cfg: cfg, chains: map[string]*Chain{}, conns: map[string]*grpc.ClientConn{}}, nil
+}
+
+// Register adds the chain service to the node's gRPC server.
+func (m *ChainMux) Register(s grpc.ServiceRegistrar) {
+	chainpb.RegisterChainServer(s, &chainServer{m: m})
+}
+
+func (m *ChainMux) add(c *Chain) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("chain %q: %w", c.cfg.ID, ErrTransportClosed)
+	}
+	if _, ok := m.chains[c.cfg.ID]; ok {
+		return fmt.Errorf("chain %q: %w", c.cfg.ID, ErrGroupExists)
+	}
+	m.chains[c.cfg.ID] = c
+	return nil
+}
+
+func (m *ChainMux) remove(c *Chain) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.chains[c.cfg.ID] == c {
+		delete(m.chains, c.cfg.ID)
+	}
+}
+
+func (m *ChainMux) lookup(group string) *Chain {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.chains[group]
+}
+
+// conn returns the node's one connection to the peer at target.
+func (m *ChainMux) conn(target string) (*grpc.ClientConn, error) {
+	m.mu.RLock()
+	closed := m.closed
+	m.mu.RUnlock()
+	if closed {
+		return nil, fmt.Errorf("chain transport: dialing %s: %w", target, ErrTransportClosed)
+	}
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	cc, ok := m.conns[target]
+	if !ok {
+		var err error
+		if cc, err = grpc.NewClient(target, m.cfg.DialOptions...); err != nil {
+			return nil, fmt.Errorf("chain transport: dialing %s: %w", target, err)
+		}
+		m.conns[target] = cc
+	}
+	return cc, nil
+}
+
+// Close closes every connection. Close the node's chains first.
+func (m *ChainMux) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	var errs []error
+	for _, cc := range m.conns {
+		errs = append(errs, cc.Close())
+	}
+	m.conns = map[string]*grpc.ClientConn{}
+	return errors.Join(errs...)
+}
+
+// The one table between the package's errors and the wire's codes.
+var chainCodeErrors = []struct {
+	code chainpb.Code
+	err  error
+}{
+	{chainpb.Code_STALE_EPOCH, ErrStaleEpoch},
+	{chainpb.Code_EPOCH_AHEAD, ErrEpochAhead},
+	{chainpb.Code_NOT_TAIL, ErrNotTail},
+	{chainpb.Code_NOT_MEMBER, ErrNotMember},
+	{chainpb.Code_UNKNOWN_GROUP, ErrUnknownGroup},
+	{chainpb.Code_UNKNOWN_GROUP, ErrGroupClosed}, // maps back to ErrUnknownGroup: the first match wins
+	{chainpb.Code_BROKEN, ErrReplicaBroken},
+	{chainpb.Code_BAD_REQUEST, ErrBadRequest},
+	{chainpb.Code_NOT_PREDECESSOR, ErrStaleEpoch},
+	{chainpb.Code_NOT_READY, ErrChainNotReady},
+}
+
+// codeOf returns the wire code of err (BAD_REQUEST for an unknown error).
+func codeOf(err error) chainpb.Code {
+	if err == nil {
+		return chainpb.Code_OK
+	}
+	if errors.Is(err, errNotPredecessor) {
+		return chainpb.Code_NOT_PREDECESSOR
+	}
+	for _, e := range chainCodeErrors {
+		if errors.Is(err, e.err) {
+			return e.code
+		}
+	}
+	return chainpb.Code_BAD_REQUEST
+}
+
+// codeError turns a refusal from peer back into an error that wraps the
+// package's sentinel.
+func codeError(peer string, code chainpb.Code, msg string) error {
+	for _, e := range chainCodeErrors {
+		if e.code == code {
+			return fmt.Errorf("%s refused: %w (%s)", peer, e.err, msg)
+		}
+	}
+	return fmt.Errorf("%s refused with code %s: %s", peer, code, msg)
+}
+
+// errNotPredecessor: a stream came from a node that is not this replica's
+// predecessor in the same epoch (a configuration the sender has not caught
+// up with, or a stale one). Wire code NOT_PREDECESSOR, mapped back to
+// ErrStaleEpoch.
+var errNotPredecessor = fmt.Errorf("%w: sender is not this replica's predecessor", ErrStaleEpoch)
+
+// chainServer answers the chain RPCs of every group on the node. Handlers
+// only route: the work is in the Chain's methods.
+type chainServer struct {
+	chainpb.UnimplementedChainServer
+	m *ChainMux
+}
+
+func (s *chainServer) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward, chainpb.Ack]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	c := s.m.lookup(first.Group)
+	if c == nil {
+		err := fmt.Errorf("chain %q is not on node %s: %w", first.Group, s.m.cfg.LocalAddr, ErrUnknownGroup)
+		return stream.Send(&chainpb.Ack{Code: codeOf(err), Error: err.Error()})
+	}
+	return c.serveReplicate(stream, first)
+}
+
+func (s *chainServer) Read(ctx context.Context, req *chainpb.ReadRequest) (*chainpb.ReadResponse, error) {
+	c := s.m.lookup(req.Group)
+	if c == nil {
+		err := fmt.Errorf("chain %q is not on node %s: %w", req.Group, s.m.cfg.LocalAddr, ErrUnknownGroup)
+		return &chainpb.ReadResponse{Code: codeOf(err), Error: err.Error()}, nil
+	}
+	if len(req.Keys)%8 != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "keys field of %d bytes is not whole u64s", len(req.Keys))
+	}
+	return c.serveRead(req), nil
+}
+
+// tailRead asks the tail at addr, in epoch, for the rows of keys.
+func (m *ChainMux) tailRead(ctx context.Context, timeout time.Duration, addr, group string, epoch uint64, keys []uint64, out []float32) (uint64, error) {
+	cc, err := m.conn(addr)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := chainpb.NewChainClient(cc).Read(ctx, &chainpb.ReadRequest{Group: group, Epoch: epoch, Keys: u64Bytes(keys)})
+	if err != nil {
+		return 0, fmt.Errorf("chain %s: read from tail %s: %w", group, addr, err)
+	}
+	if resp.Code != chainpb.Code_OK {
+		return 0, fmt.Errorf("chain %s: read from tail: %w", group, codeError(addr, resp.Code, resp.Error))
+	}
+	if len(resp.Rows) != len(out)*4 {
+		return 0, fmt.Errorf("chain %s: tail %s answered %d bytes of rows for %d values", group, addr, len(resp.Rows), len(out))
+	}
+	copy(f32Bytes(out), resp.Rows)
+	return resp.AppliedIndex, nil
+}

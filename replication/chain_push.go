@@ -1,0 +1,152 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+)
+
+// Push applies p through the chain and returns once the tail has applied it
+// (it is then on every member). duplicate is true if this (client, seq) had
+// been applied before; the push is then not applied again. Only the head
+// takes pushes: elsewhere Push returns a *NotHeadError.
+//
+// The caller's slices are copied before Push returns. On ErrNotHead, a
+// validation error or ErrReplicaBroken (the push failed to persist) the push
+// was not applied; on ErrUnknownOutcome (timeout, reconfiguration, Close) or
+// a context error it may have been: retry with the same (client, seq), at the
+// head of the newest configuration. It is applied at most once.
+//
+// A push whose (client, seq) the head finds already applied is still logged
+// and answered only when that new entry commits: the earlier entry that
+// applied it may not be committed yet, and answering at once could
+// acknowledge a push that a head failure then loses.
+func (c *Chain) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
+	if p.Client == 0 || p.Seq == 0 {
+		return false, fmt.Errorf("chain %s: %w: client ID and seq must be non-zero", c.cfg.ID, ErrBadRequest)
+	}
+	if len(p.Keys) == 0 {
+		return false, fmt.Errorf("chain %s: %w: push with no keys", c.cfg.ID, ErrBadRequest)
+	}
+	if err := c.Table().Check(p.Keys, p.Grads); err != nil {
+		return false, fmt.Errorf("chain %s: %w", c.cfg.ID, err)
+	}
+	if size := p.encodedSize() + pushBatchHeaderMax + entryHeader; size > c.cfg.MaxEntryBytes {
+		return false, fmt.Errorf("chain %s: %w: push of %d keys is %d bytes, more than a log entry holds (%d)", c.cfg.ID, ErrBadRequest, len(p.Keys), size, c.cfg.MaxEntryBytes)
+	}
+	if err := c.checkHead(); err != nil {
+		return false, err
+	}
+	pd := &pending{enc: appendPush(make([]byte, 0, p.encodedSize()), p), done: make(chan pushOutcome, 1)}
+	select {
+	case c.pushCh <- pd:
+	case <-ctx.Done():
+		return false, fmt.Errorf("chain %s: push not sent: %w", c.cfg.ID, ctx.Err())
+	case <-c.closed:
+		return false, c.closedErr()
+	}
+	select {
+	case o := <-pd.done:
+		return o.duplicate, o.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ctx.Err())
+	case <-c.closed:
+		return false, fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ErrGroupClosed)
+	}
+}
+
+// checkHead returns nil if this replica is the head and healthy.
+func (c *Chain) checkHead() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkHeadLocked()
+}
+
+func (c *Chain) checkHeadLocked() error {
+	switch {
+	case c.isClosed():
+		return c.closedErr()
+	case c.broken != nil:
+		return c.broken
+	case c.role != RoleHead:
+		head := ""
+		if len(c.order) > 0 {
+			head = c.order[0]
+		}
+		return &NotHeadError{Group: c.cfg.ID, Epoch: c.epoch, Head: head}
+	}
+	return nil
+}
+
+// batchLoop turns queued pushes into log entries: group commit. It waits for
+// a free in-flight slot before draining the queue, so while the chain is busy
+// the pushes that arrive wait together and go out as one entry; and while
+// the head is persisting one entry, the next gathers.
+func (c *Chain) batchLoop() {
+	defer c.wg.Done()
+	var carry *pending
+	for {
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-c.pushCh:
+			case <-c.closed:
+				return
+			}
+		}
+		select {
+		case c.inflight <- struct{}{}:
+		case <-c.closed:
+			first.done <- pushOutcome{err: c.closedErr()}
+			return
+		}
+		batch := []*pending{first}
+		size := len(first.enc)
+		limit := c.cfg.MaxEntryBytes - pushBatchHeaderMax - entryHeader
+	drain:
+		for size < limit {
+			select {
+			case p := <-c.pushCh:
+				if size+len(p.enc) > limit {
+					carry = p
+					break drain
+				}
+				batch = append(batch, p)
+				size += len(p.enc)
+			default:
+				break drain
+			}
+		}
+		if err := c.appendHead(batch, size); err != nil {
+			<-c.inflight
+			for _, p := range batch {
+				p.done <- pushOutcome{err: err}
+			}
+		}
+	}
+}
+
+// appendHead logs batch as the next entry, if this replica is still the
+// head. On error nothing was applied.
+func (c *Chain) appendHead(batch []*pending, size int) error {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	c.mu.Lock()
+	err := c.checkHeadLocked()
+	epoch := c.epoch
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// The head's clock goes into the entry: every replica's dedupe expiry
+	// uses it, never its own clock.
+	e := make([]byte, entryHeader, entryHeader+pushBatchHeaderMax+size)
+	binary.LittleEndian.PutUint64(e, epoch)
+	e = appendPushBatchHeader(e, time.Now().UnixNano(), len(batch))
+	for _, p := range batch {
+		e = append(e, p.enc...)
+	}
+	return c.appendLocked(c.last+1, [][]byte{e}, &headEntry{batch: batch})
+}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -74,9 +75,10 @@ type Mux struct {
 	cfg MuxConfig
 	log hclog.Logger
 
-	mu     sync.RWMutex // guards groups, closed
+	mu     sync.RWMutex // guards groups, closed, added
 	groups map[string]*Transport
 	closed bool
+	added  chan struct{} // closed (and replaced) whenever a group registers
 
 	connMu sync.Mutex // guards conns and hbs
 	conns  map[raft.ServerAddress]*grpc.ClientConn
@@ -166,7 +168,7 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		// replicas hear from no leader.
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
 			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
-	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
+	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, added: make(chan struct{}), conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
 }
 
 // keepaliveTime is how often an idle connection to a peer is pinged, and how
@@ -201,7 +203,59 @@ func (m *Mux) Transport(group string) (*Transport, error) {
 	}
 	t := &Transport{mux: m, group: group, consumer: make(chan raft.RPC), closed: make(chan struct{})}
 	m.groups[group] = t
+	close(m.added)
+	m.added = make(chan struct{})
 	return t, nil
+}
+
+// groupWait is how long an append or snapshot for a group this node does
+// not (yet) hold waits for it to open. A restarted node opens its replicas
+// a second or two after it serves; answering NotFound at once meanwhile
+// made each leader's replicator fail in a tight loop, and hashicorp/raft
+// backs off exponentially per failure (to 10 s), so the replica then sat
+// idle for seconds after it had opened.
+const groupWait = time.Second
+
+// lookupWait is lookup, waiting up to groupWait for the group to register.
+func (m *Mux) lookupWait(ctx context.Context, group string) (*Transport, error) {
+	timer := time.NewTimer(groupWait)
+	defer timer.Stop()
+	for {
+		m.mu.RLock()
+		t, added := m.groups[group], m.added
+		m.mu.RUnlock()
+		if t != nil {
+			return t, nil
+		}
+		select {
+		case <-added:
+		case <-timer.C:
+			return m.lookup(group)
+		case <-ctx.Done():
+			return m.lookup(group)
+		}
+	}
+}
+
+// awaitReady waits up to groupWait for the connection to a peer to be
+// ready, so that while the peer is down a Raft replicator fails about once
+// per groupWait rather than every few milliseconds, and so its backoff
+// (exponential per failure, see lookupWait) stays short for when the peer
+// returns. Waiting longer would hold up raft's Shutdown, which waits for
+// its replicators.
+func awaitReady(cc *grpc.ClientConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), groupWait)
+	defer cancel()
+	for {
+		st := cc.GetState()
+		if st == connectivity.Ready || st == connectivity.Shutdown {
+			return
+		}
+		cc.Connect()
+		if !cc.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
 }
 
 func (m *Mux) lookup(group string) (*Transport, error) {
@@ -365,6 +419,9 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	if isHeartbeat(args) {
 		return t.sendHeartbeat(target, args, resp)
+	}
+	if cc, err := t.mux.Conn(target); err == nil {
+		awaitReady(cc)
 	}
 	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.AppendEntries(ctx, r)
@@ -744,11 +801,18 @@ func isHeartbeat(r *raft.AppendEntriesRequest) bool {
 }
 
 // serveUnary decodes a request of type Req, dispatches it and encodes the answer.
-func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC) (*transportpb.RPC, error) {
+// serveUnary answers one RPC; wait says whether to wait for a group that is
+// not open yet (lookupWait), which appends do and heartbeats, answered in
+// batches, do not.
+func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC, wait bool) (*transportpb.RPC, error) {
 	if in.Group == "" {
 		return nil, status.Error(codes.InvalidArgument, "raft RPC without a group")
 	}
-	t, err := m.lookup(in.Group)
+	lookup := m.lookup
+	if wait {
+		lookup = func(g string) (*Transport, error) { return m.lookupWait(ctx, g) }
+	}
+	t, err := lookup(in.Group)
 	if err != nil {
 		return nil, err
 	}
@@ -768,19 +832,19 @@ func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC) (*tra
 }
 
 func (s *muxServer) AppendEntries(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.AppendEntriesRequest](ctx, s.m, in)
+	return serveUnary[raft.AppendEntriesRequest](ctx, s.m, in, true)
 }
 
 func (s *muxServer) RequestVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.RequestVoteRequest](ctx, s.m, in)
+	return serveUnary[raft.RequestVoteRequest](ctx, s.m, in, false)
 }
 
 func (s *muxServer) RequestPreVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.RequestPreVoteRequest](ctx, s.m, in)
+	return serveUnary[raft.RequestPreVoteRequest](ctx, s.m, in, false)
 }
 
 func (s *muxServer) TimeoutNow(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.TimeoutNowRequest](ctx, s.m, in)
+	return serveUnary[raft.TimeoutNowRequest](ctx, s.m, in, false)
 }
 
 // Heartbeats answers each group's heartbeat of a batch, concurrently, so a
@@ -790,7 +854,7 @@ func (s *muxServer) Heartbeats(ctx context.Context, in *transportpb.HeartbeatBat
 	var wg sync.WaitGroup
 	for i, r := range in.Rpcs {
 		wg.Go(func() {
-			resp, err := serveUnary[raft.AppendEntriesRequest](ctx, s.m, r)
+			resp, err := serveUnary[raft.AppendEntriesRequest](ctx, s.m, r, false)
 			if err != nil {
 				resp = &transportpb.RPC{Group: r.Group, Error: err.Error()}
 			}
@@ -811,7 +875,7 @@ func (s *muxServer) AppendEntriesPipeline(stream grpc.BidiStreamingServer[transp
 		if err != nil {
 			return err
 		}
-		out, err := serveUnary[raft.AppendEntriesRequest](stream.Context(), s.m, in)
+		out, err := serveUnary[raft.AppendEntriesRequest](stream.Context(), s.m, in, true)
 		if err != nil {
 			return err
 		}
@@ -831,7 +895,7 @@ func (s *muxServer) InstallSnapshot(stream grpc.ClientStreamingServer[transportp
 	if first.Group == "" {
 		return status.Error(codes.InvalidArgument, "snapshot without a group")
 	}
-	t, err := s.m.lookup(first.Group)
+	t, err := s.m.lookupWait(stream.Context(), first.Group)
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,8 @@ type MembershipConfig struct {
 	// not see alive (a restarted or partitioned peer is otherwise never
 	// probed again); 0: 5s.
 	RejoinInterval time.Duration
+
+	fault *netFault // set by the node with NodeConfig.FaultInjection
 }
 
 // nodeMeta is what a node gossips about itself (memberlist NodeMeta).
@@ -161,6 +163,14 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 	mc.Name = self.ID
 	mc.BindAddr, mc.BindPort = host, p
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
+	if cfg.fault != nil {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: p,
+			Logger: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})})
+		if err != nil {
+			return nil, fmt.Errorf("gossip on %s: %w", addr, err)
+		}
+		mc.Transport = newFaultTransport(nt, cfg.fault)
+	}
 	if cfg.ProbeInterval > 0 {
 		mc.ProbeInterval = cfg.ProbeInterval
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -70,7 +71,11 @@ type NodeConfig struct {
 	// (default: the gRPC host, port + 1000) and whom to join (default: every
 	// peer's default gossip address).
 	Gossip MembershipConfig
-	Logger hclog.Logger
+	// FaultInjection serves /debug/netfault on the HTTP port, through which
+	// a test blocks this node's traffic to chosen peers (netfault.go): how
+	// raftps chaos partitions a cluster on one host. Off by default.
+	FaultInjection bool
+	Logger         hclog.Logger
 }
 
 // DefaultMaxMessageBytes is the default cap on one gRPC message.
@@ -140,6 +145,7 @@ type Node struct {
 	server  *grpc.Server
 	http    *http.Server
 	mux     *replication.Mux
+	fault   *netFault // nil unless NodeConfig.FaultInjection
 	meta    *replication.RaftReplica
 	metaFSM *metaFSM
 	members *membership
@@ -214,7 +220,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		closed: make(chan struct{}),
 	}
 	n.hot.init()
-	n.mux, err = replication.NewMux(replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")})
+	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")}
+	if cfg.FaultInjection {
+		n.fault = newNetFault()
+		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.dial)}
+	}
+	n.mux, err = replication.NewMux(muxCfg)
 	if err != nil {
 		lis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -268,6 +279,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 	}
 	gossip.Addr = n.gossipAddr
+	gossip.fault = n.fault
 	n.members, err = newMembership(gossip, nodeMeta{ID: cfg.ID, Addr: cfg.Addr}, cfg.Peers, n.log.Named("memberlist"))
 	if err != nil {
 		n.Close()
@@ -477,6 +489,9 @@ func (n *Node) startHTTP() error {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	if n.fault != nil {
+		mux.HandleFunc("/debug/netfault", n.fault.serveHTTP)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if addr, _ := n.meta.Raft.LeaderWithID(); addr == "" {
 			http.Error(w, "no metadata leader", http.StatusServiceUnavailable)

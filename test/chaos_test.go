@@ -58,21 +58,23 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 }
 
 // TestBinaryChaosLocal is make test's short chaos round: a 3-process
-// cluster, a checked workload on a linearizable and a bounded table, two
-// leader kills and a leader pause (SIGSTOP longer than an election). Every
+// cluster, a checked workload on a linearizable and a bounded table, a
+// leader kill, a leader pause (SIGSTOP longer than an election) and a
+// leader cut off from the other nodes (fault injection: clients still reach
+// it, so a stale leader serving linearizable reads would show). Every
 // verdict must pass: nothing lost or doubled, the linearizable history
 // linearizable, bounded pulls within their bound, replicas equal, and
 // writes back within a few seconds of each fault.
 func TestBinaryChaosLocal(t *testing.T) {
-	bin, dir, _ := binaryCluster(t, fastTimeouts)
-	s, code := runChaos(t, bin, dir, "--duration", "30s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader")
+	bin, dir, _ := binaryCluster(t, fastTimeouts, "--fault-injection")
+	s, code := runChaos(t, bin, dir, "--duration", "30s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader,partition-leader")
 	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
 		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
 	if code != 0 || len(s.Violations) > 0 {
 		t.Fatalf("chaos failed (exit %d): %v", code, s.Violations)
 	}
 	if len(s.Faults) != 3 {
-		t.Errorf("%d faults injected, want 3", len(s.Faults))
+		t.Errorf("%d faults injected, want 3 (one of each kind)", len(s.Faults))
 	}
 	for _, f := range s.Faults {
 		t.Logf("  %s %s: writes back after %d ms", f.Kind, f.Node, f.UnavailableMs)

@@ -197,6 +197,9 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "chaos", err)
 	}
+	if lt, ok := target.(*localTarget); ok && !lt.canPartition() && slices.ContainsFunc(cc.faults, func(f string) bool { return strings.HasPrefix(f, "partition-") }) {
+		return fail(stderr, "chaos", errNoPartition)
+	}
 	if cc.outDir == "" {
 		if cc.outDir, err = os.MkdirTemp("", "raftps-chaos-"); err != nil {
 			return fail(stderr, "chaos", err)

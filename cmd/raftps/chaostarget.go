@@ -4,9 +4,17 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
+
+	"github.com/raftps/raftps/shard"
 )
 
 // chaosTarget is a cluster chaos can hurt: by node ID, it kills and starts
@@ -27,7 +35,7 @@ type chaosTarget interface {
 }
 
 // errNoPartition: the target cannot cut the network.
-var errNoPartition = errors.New("this target cannot partition the network (use --target docker:PROJECT)")
+var errNoPartition = errors.New("this local cluster cannot be partitioned: its nodes were not started with --fault-injection (raftps cluster up --server-args --fault-injection), or use --target docker:PROJECT")
 
 // parseTarget reads local:DIR or docker:PROJECT.
 func parseTarget(s string) (chaosTarget, error) {
@@ -48,7 +56,16 @@ func parseTarget(s string) (chaosTarget, error) {
 }
 
 // localTarget is a cluster of processes started by raftps cluster up.
-type localTarget struct{ c *localCluster }
+// Partitions go through each node's /debug/netfault (the nodes must run
+// with --fault-injection): a cut-off node blocks every other node's gRPC
+// and gossip addresses, and every other node blocks its; clients still
+// reach it.
+type localTarget struct {
+	c *localCluster
+
+	mu       sync.Mutex
+	isolated map[string]bool // node IDs cut off
+}
 
 func (t *localTarget) name() string { return "local:" + t.c.Dir }
 
@@ -81,10 +98,105 @@ func (t *localTarget) signal(id string, sig syscall.Signal) error {
 	return nil
 }
 
-func (t *localTarget) pause(id string) error     { return t.signal(id, syscall.SIGSTOP) }
-func (t *localTarget) resume(id string) error    { return t.signal(id, syscall.SIGCONT) }
-func (t *localTarget) isolate(string) error      { return errNoPartition }
-func (t *localTarget) reconnect(id string) error { return nil }
+func (t *localTarget) pause(id string) error  { return t.signal(id, syscall.SIGSTOP) }
+func (t *localTarget) resume(id string) error { return t.signal(id, syscall.SIGCONT) }
+
+// canPartition: every node runs with --fault-injection.
+func (t *localTarget) canPartition() bool {
+	for _, nd := range t.c.Nodes {
+		if !slices.ContainsFunc(nd.Args, func(a string) bool { return a == "--fault-injection" || a == "--fault-injection=true" }) {
+			return false
+		}
+	}
+	return len(t.c.Nodes) > 0
+}
+
+func (t *localTarget) isolate(id string) error {
+	if _, err := t.c.node(id); err != nil {
+		return err
+	}
+	if !t.canPartition() {
+		return errNoPartition
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.isolated == nil {
+		t.isolated = map[string]bool{}
+	}
+	t.isolated[id] = true
+	return t.applyLocked()
+}
+
+func (t *localTarget) reconnect(id string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.isolated[id] {
+		return nil
+	}
+	delete(t.isolated, id)
+	return t.applyLocked()
+}
+
+// applyLocked tells every node which peers to block: an isolated node all
+// others, every other node the isolated ones. A node that does not answer
+// (killed, paused) is skipped: it starts with nothing blocked, and the next
+// change reaches it.
+func (t *localTarget) applyLocked() error {
+	peerAddrs := func(nd localNode) []string {
+		gossip := gossipAddrOf(nd)
+		return []string{nd.Addr, gossip}
+	}
+	var errs []error
+	reached := 0
+	for _, nd := range t.c.Nodes {
+		var block []string
+		for _, o := range t.c.Nodes {
+			if o.ID != nd.ID && (t.isolated[nd.ID] || t.isolated[o.ID]) {
+				block = append(block, peerAddrs(o)...)
+			}
+		}
+		if err := postNetFault(nd.HTTP, block); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", nd.ID, err))
+			continue
+		}
+		reached++
+	}
+	if reached == 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// gossipAddrOf is a local node's gossip address: its --gossip-addr, or the
+// default next to its gRPC address.
+func gossipAddrOf(nd localNode) string {
+	for i, a := range nd.Args {
+		if a == "--gossip-addr" && i+1 < len(nd.Args) {
+			return nd.Args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, "--gossip-addr="); ok {
+			return v
+		}
+	}
+	g, _ := shard.DefaultGossipAddr(nd.Addr)
+	return g
+}
+
+// postNetFault sets the blocked peer addresses of the node whose HTTP
+// address is httpAddr.
+func postNetFault(httpAddr string, block []string) error {
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.PostForm("http://"+httpAddr+"/debug/netfault", url.Values{"block": {strings.Join(block, ",")}})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("/debug/netfault: %s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	return nil
+}
 
 // dockerTarget is a compose project: the services are the node IDs (see
 // deploy/docker-compose.yml), each container on one project network.

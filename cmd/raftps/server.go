@@ -43,6 +43,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Gossip.RejoinInterval, "gossip-rejoin-interval", 0, "how often to join again the nodes gossip does not see alive (0: 5s)")
 	fs.DurationVar(&cfg.Raft.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout: how long followers wait for a dead leader")
 	fs.DurationVar(&cfg.Raft.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
+	fs.BoolVar(&cfg.FaultInjection, "fault-injection", false, "serve /debug/netfault on the HTTP port, through which tests cut this node off from chosen peers (raftps chaos partitions of a local cluster); never on a production node")
 	fs.DurationVar(&cfg.ExpediteElection, "expedite-election", 0, "start a shard election at once when the leader's node has been silent this long (0: the heartbeat timeout; negative: leave it to Raft's randomised timer)")
 	fs.DurationVar(&cfg.Raft.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
 	fs.DurationVar(&cfg.Raft.CommitTimeout, "commit-timeout", d.CommitTimeout, "how often an idle Raft leader tells followers the commit index (each costs CPU per group)")

@@ -145,6 +145,15 @@ func (c *Chain) checkServingLocked() error {
 	return nil
 }
 
+// CaughtUp reports whether this replica is a member that holds every
+// committed entry it can know of (caughtUpLocked): the meta group makes a
+// member head only if it is, since a head's log is the chain's truth.
+func (c *Chain) CaughtUp() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.role != RoleNone && c.broken == nil && c.caughtUpLocked()
+}
+
 // caughtUpLocked reports whether this member holds every committed entry
 // it can know of: the head always (every other member's log is a prefix of
 // its own); another member once its predecessor's stream has said hello in

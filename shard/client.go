@@ -164,11 +164,28 @@ func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
 func retryable(err error) bool {
 	return errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, replication.ErrLeaderNotReady) || errors.Is(err, replication.ErrUnknownOutcome) ||
-		errors.Is(err, replication.ErrGroupClosed) || errors.Is(err, ErrTooStale) || errors.Is(err, ErrNotHot) || stale(err)
+		errors.Is(err, replication.ErrGroupClosed) || errors.Is(err, ErrTooStale) || errors.Is(err, ErrNotHot) || stale(err) ||
+		chainRetryable(err)
 }
 
-// stale reports whether err says the client's map is out of date.
-func stale(err error) bool { return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrNotReplica) }
+// chainRetryable: a chain replica could not serve yet (reconfiguring,
+// catching up, its disk failed) or its tail changed under a read.
+func chainRetryable(err error) bool {
+	for _, e := range []error{replication.ErrNotTail, replication.ErrStaleEpoch, replication.ErrEpochAhead,
+		replication.ErrChainNotReady, replication.ErrReplicaBroken, replication.ErrUnknownGroup} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// stale reports whether err says the client's map is out of date: a node
+// the map no longer places the shard on, or a chain replica no longer in
+// its chain's order.
+func stale(err error) bool {
+	return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrNotReplica) || errors.Is(err, replication.ErrNotMember)
+}
 
 // tableMap is the client's copy of a table's shard placement.
 type tableMap struct {
@@ -618,7 +635,7 @@ type PullOptions struct {
 }
 
 // PullOpts is Pull with options. Linearizable pulls go to each shard's
-// leader. Bounded and eventual pulls are spread over each shard's replicas,
+// leader (of a chain table: to any member, spread as below). Bounded and eventual pulls are spread over each shard's replicas,
 // and the table's hot keys over their read replicas too; a replica that
 // cannot serve within the bound says so, and the part is asked again at
 // the shard's replicas, preferred leader first.
@@ -635,7 +652,8 @@ func (c *Client) PullOpts(ctx context.Context, table string, keys []uint64, out 
 	if level == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
 		level = spec.Consistency
 	}
-	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || testBreak == breakFollowerLinearizable {
+	// A chain serves linearizable pulls at any member (CRAQ): spread them.
+	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || isChain(spec) || testBreak == breakFollowerLinearizable {
 		return c.pullSpread(ctx, spec, keys, out, o)
 	}
 	sp := splitKeys(keys, spec.Shards)

@@ -22,6 +22,10 @@ import (
 // metadata leader that has not noticed it lost leadership, and the new one)
 // can never both apply a change decided from the same state. Epoch 1 also
 // means "as created": only then may a replica bootstrap the group.
+//
+// For a chain table the entry's replica list is the chain's order, head
+// first, and its epoch the chain's epoch: see chainsched.go for the only
+// changes the scheduler makes to a chain's order.
 
 func shardMapKey(sm *shardpb.ShardMap) string { return groupID(sm.Table, sm.Shard) }
 

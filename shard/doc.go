@@ -5,7 +5,8 @@
 //
 //   - Node (StartNode): one raftps server. It listens on one gRPC port that
 //     carries the client API (shardpb.ParameterServer), every Raft group's
-//     traffic (replication.Mux) and server reflection; it serves /healthz and
+//     traffic (replication.Mux), every chain's (replication.ChainMux) and
+//     server reflection; it serves /healthz and
 //     /debug/pprof on an optional HTTP port.
 //   - The metadata group: a Raft group over the same nodes (3 or 5 voters,
 //     the rest non-voters) whose FSM (meta.go) holds the table specs, the
@@ -17,6 +18,19 @@
 //     rebalances after joins and drains, one idempotent step per shard at a
 //     time, carried out by the shard's leader (reconfigure.go: a non-voter
 //     catches up before it votes; removal after replacement).
+//   - Chain tables (TableSpec replication "chain", fixed at creation; no hot
+//     keys): each shard is a replication.Chain instead of a Raft group. Its
+//     order is the map entry's replica list, head first, and its epoch the
+//     entry's epoch; the scheduler changes it only by removing a member
+//     (survivors keep their order) or appending one at the tail, one change
+//     per epoch, and removes a member as soon as gossip declares it dead
+//     (chainsched.go). Reconcile opens the chain replicas the map places on
+//     the node (under DataDir/chains), hands each SetConfig(epoch, member
+//     addresses) when its entry changes, and closes and deletes one the map
+//     moves away (chainnode.go). Pushes go to the head (elsewhere refused
+//     with a NotLeader detail naming the head); pulls are served by any
+//     member: linearizable and bounded by CRAQ, eventual from local state.
+//     Status reports each chain replica's role, epoch, order and checksum.
 //   - Every node's reconcile loop (reconcile.go): registers the node in the
 //     map, opens and closes replicas as the map says, deletes moved-away
 //     data once the group's leader confirms, and hands leadership to each
@@ -61,8 +75,9 @@
 //     leaders, splits a
 //     batch by shard (ShardOf: a stable hash of the key), sends one
 //     PullBatch or PushBatch per node that leads some of them (bounded and
-//     eventual pulls: per node ranked first for some of them, see
-//     clientspread.go) (a part the
+//     eventual pulls, and every pull of a chain table: per node ranked
+//     first for some of them, see clientspread.go; a chain's head is its
+//     leader) (a part the
 //     node cannot serve falls back to a per-shard call), puts rows back in
 //     the caller's order, and retries through leader changes with the same
 //     (client, seq), so a push whose outcome was unknown is applied at most
@@ -70,9 +85,9 @@
 //
 // # Concurrency
 //
-// Node and Client methods are safe for concurrent use. A node's set of open
-// groups is guarded by Node.mu and only reconcileLoop adds to it or closes
-// groups; its retired and lastTransfer maps are reconcileLoop's alone. The
+// Node and Client methods are safe for concurrent use. A node's sets of open
+// groups and chains are guarded by Node.mu and only reconcileLoop adds to
+// them or closes their members; its retired and lastTransfer maps are reconcileLoop's alone. The
 // scheduler runs on one goroutine and starts one goroutine per shard step,
 // tracked in scheduler.inflight under scheduler.mu; its steps' context ends
 // when the node stops leading the metadata group. The

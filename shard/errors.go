@@ -85,6 +85,19 @@ var codeOf = []struct {
 	{replication.ErrGroupClosed, codes.Unavailable},
 	{replication.ErrSequenceTooOld, codes.FailedPrecondition},
 	{replication.ErrBadRequest, codes.InvalidArgument},
+	// Chain replicas. A push at a member that is not the head carries the
+	// head as a NotLeader detail (toStatus), so it comes back as
+	// ErrNotLeader and the client follows it; a node no longer in the
+	// chain's order makes the client refresh its map (stale); the rest pass
+	// with time or at another member (retryable).
+	{replication.ErrNotHead, codes.FailedPrecondition},
+	{replication.ErrNotMember, codes.FailedPrecondition},
+	{replication.ErrNotTail, codes.Unavailable},
+	{replication.ErrStaleEpoch, codes.Unavailable},
+	{replication.ErrEpochAhead, codes.Unavailable},
+	{replication.ErrChainNotReady, codes.Unavailable},
+	{replication.ErrReplicaBroken, codes.Unavailable},
+	{replication.ErrUnknownGroup, codes.Unavailable},
 	{store.ErrUnknownTable, codes.NotFound},
 	{store.ErrTableExists, codes.AlreadyExists},
 	{store.ErrInvalidConfig, codes.InvalidArgument},
@@ -125,8 +138,15 @@ func toStatus(err error) error {
 	}
 	st := status.New(code, err.Error())
 	var nl *replication.NotLeaderError
-	if errors.As(err, &nl) {
+	var nh *replication.NotHeadError
+	switch {
+	case errors.As(err, &nl):
 		if d, derr := st.WithDetails(&shardpb.NotLeader{Group: nl.Group, LeaderId: string(nl.LeaderID), LeaderAddr: string(nl.LeaderAddr)}); derr == nil {
+			st = d
+		}
+	case errors.As(err, &nh):
+		// A chain's head plays its leader's part for pushes.
+		if d, derr := st.WithDetails(&shardpb.NotLeader{Group: nh.Group, LeaderAddr: nh.Head}); derr == nil {
 			st = d
 		}
 	}

@@ -139,21 +139,25 @@ func (c NodeConfig) validate() error {
 // Concurrency: every method is safe for concurrent use. groups is guarded by
 // mu; the reconcile goroutine is the only one that adds to it.
 type Node struct {
-	cfg     NodeConfig
-	log     hclog.Logger
-	lis     net.Listener
-	server  *grpc.Server
-	http    *http.Server
-	mux     *replication.Mux
-	fault   *netFault // nil unless NodeConfig.FaultInjection
-	meta    *replication.RaftReplica
-	metaFSM *metaFSM
-	members *membership
+	cfg    NodeConfig
+	log    hclog.Logger
+	lis    net.Listener
+	server *grpc.Server
+	http   *http.Server
+	mux    *replication.Mux
+	fault  *netFault // nil unless NodeConfig.FaultInjection
+	// chainMux carries every chain replica's traffic on the same server.
+	chainMux *replication.ChainMux
+	meta     *replication.RaftReplica
+	metaFSM  *metaFSM
+	members  *membership
 	// gossipAddr is the address this node gossips on.
 	gossipAddr string
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
+	// chains: this node's replicas of chain shards, by groupID (chainnode.go).
+	chains map[string]*replication.Chain
 	// retired: groups this node closed because the map moved them away;
 	// their data is deleted once the group's leader confirms the node is
 	// out of its configuration (gcRetired). Only reconcileLoop uses it.
@@ -213,7 +217,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
-		groups:  map[string]*replication.Group{},
+		groups: map[string]*replication.Group{}, chains: map[string]*replication.Chain{},
 		retired: map[string]bool{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		leases: map[string]*readLease{},
 		kick:   make(chan struct{}, 1),
@@ -230,7 +234,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		lis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	// One server carries the client API and Raft traffic, and gRPC's limits
+	n.chainMux, err = replication.NewChainMux(replication.ChainMuxConfig{LocalAddr: cfg.Addr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
+	if err != nil {
+		n.mux.Close()
+		lis.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	// One server carries the client API, Raft and chain traffic, and gRPC's limits
 	// are per server (the last option wins): they must admit the larger of
 	// the two, or a follower that fell behind could never receive a full
 	// AppendEntries. The client API handlers enforce MaxMessageBytes
@@ -241,6 +251,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n.server = grpc.NewServer(opts...)
 	n.mux.Register(n.server)
+	// ServerOptions admit MaxRaftMessageBytes, more than a chain message's
+	// MaxChainMessageBytes, and the chain's keepalive pings too.
+	n.chainMux.Register(n.server)
 	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
 	reflection.Register(n.server)
 	n.metaFSM = newMetaFSM(n.kickReconcile)
@@ -520,9 +533,14 @@ func (n *Node) Close() error {
 			}
 		}
 		n.mu.Lock()
-		groups := n.groups
-		n.groups = map[string]*replication.Group{}
+		groups, chains := n.groups, n.chains
+		n.groups, n.chains = map[string]*replication.Group{}, map[string]*replication.Chain{}
 		n.mu.Unlock()
+		for id, ch := range chains {
+			if err := ch.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("chain %s: %w", id, err))
+			}
+		}
 		for id, g := range groups {
 			if err := g.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("group %s: %w", id, err))
@@ -543,6 +561,11 @@ func (n *Node) Close() error {
 		}
 		if n.mux != nil {
 			if err := n.mux.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if n.chainMux != nil {
+			if err := n.chainMux.Close(); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -124,6 +124,10 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 	addrOf := nodeAddrs(cm)
 	inMap := map[string]bool{}
 	for _, sm := range cm.Shards {
+		if spec := specs[sm.Table]; spec != nil && isChain(spec) {
+			n.reconcileChain(sm, spec, addrOf)
+			continue
+		}
 		id := shardMapKey(sm)
 		member := isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID
 		inMap[id] = member

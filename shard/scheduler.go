@@ -207,6 +207,10 @@ func (sc *scheduler) round(ctx context.Context) {
 	}
 	sc.mu.Unlock()
 	reorders := 0
+	chain := map[string]bool{}
+	for _, t := range cm.Tables {
+		chain[t.Name] = isChain(t)
+	}
 	for _, sm := range shards {
 		key := shardMapKey(sm)
 		tp := res.Placement[sm.Table]
@@ -220,6 +224,11 @@ func (sc *scheduler) round(ctx context.Context) {
 		stuck := sm.Adding != "" && sc.failures[key+" "+sm.Adding] >= maxAddFailures
 		sc.mu.Unlock()
 		if busy {
+			continue
+		}
+		if chain[sm.Table] {
+			// No group to form: every member starts empty at epoch 1.
+			sc.chainRound(ctx, sm, target, v, &adding[hurt(sm)])
 			continue
 		}
 		if unformed {

@@ -114,22 +114,32 @@ func (n *Node) groupFor(ctx context.Context, table string, shard uint32, epoch u
 	if err != nil {
 		return nil, nil, err
 	}
-	if shard >= spec.Shards {
-		return nil, nil, fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, ErrUnknownShard)
-	}
-	if sm := n.metaFSM.shardMap(table, shard); sm != nil {
-		switch {
-		case epoch != 0 && epoch < sm.Epoch:
-			return nil, nil, fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", groupID(table, shard), ErrStaleEpoch, epoch, n.cfg.ID, sm.Epoch)
-		case !isReplica(sm, n.cfg.ID) && epoch <= sm.Epoch:
-			return nil, nil, fmt.Errorf("group %s: %w: node %s is not in its replica set %v at epoch %d", groupID(table, shard), ErrNotReplica, n.cfg.ID, sm.Replicas, sm.Epoch)
-		}
+	if err := n.checkShardEpoch(spec, shard, epoch); err != nil {
+		return nil, nil, err
 	}
 	g := n.Group(table, shard)
 	if g == nil {
 		return nil, nil, fmt.Errorf("group %s: %w: replica not open on node %s yet", groupID(table, shard), ErrUnavailable, n.cfg.ID)
 	}
 	return g, spec, nil
+}
+
+// checkShardEpoch applies groupFor's epoch rules to a request for shard of
+// spec carrying the client's map epoch.
+func (n *Node) checkShardEpoch(spec *shardpb.TableSpec, shard uint32, epoch uint64) error {
+	table := spec.Name
+	if shard >= spec.Shards {
+		return fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, ErrUnknownShard)
+	}
+	if sm := n.metaFSM.shardMap(table, shard); sm != nil {
+		switch {
+		case epoch != 0 && epoch < sm.Epoch:
+			return fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", groupID(table, shard), ErrStaleEpoch, epoch, n.cfg.ID, sm.Epoch)
+		case !isReplica(sm, n.cfg.ID) && epoch <= sm.Epoch:
+			return fmt.Errorf("group %s: %w: node %s is not in its replica set %v at epoch %d", groupID(table, shard), ErrNotReplica, n.cfg.ID, sm.Replicas, sm.Epoch)
+		}
+	}
+	return nil
 }
 
 // followerFresh refuses an eventual read on a follower that has not heard
@@ -220,6 +230,9 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	if need := len(keys) * int(spec.Dim) * 4; need > s.n.cfg.MaxMessageBytes {
 		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
+	if isChain(spec) {
+		return s.chainPull(ctx, spec, req, keys, level)
+	}
 	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil {
 		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {
 			if err != nil {
@@ -263,9 +276,15 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	if err := s.checkSize("push", req); err != nil {
 		return nil, toStatus(err)
 	}
-	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
+	spec, err := s.n.lookupSpec(ctx, req.Table, false)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	var g *replication.Group
+	if !isChain(spec) {
+		if g, _, err = s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	keys, err := DecodeKeys(req.Keys, nil)
 	if err != nil {
@@ -277,6 +296,9 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	}
 	if testBreak == breakDropAckedPush && s.n.pushes.Add(1)%50 == 0 {
 		return &shardpb.PushResponse{}, nil
+	}
+	if g == nil {
+		return s.chainPush(ctx, spec, req, keys, grads)
 	}
 	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
@@ -373,7 +395,11 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 		return nil, toStatus(err)
 	}
 	// Answer once this node serves every shard, so the caller can push at once.
-	if err := s.n.waitTableReady(ctx, spec); err != nil {
+	ready := s.n.waitTableReady
+	if isChain(spec) {
+		ready = s.n.waitChainReady
+	}
+	if err := ready(ctx, spec); err != nil {
 		return nil, toStatus(err)
 	}
 	return &shardpb.CreateTableResponse{Spec: spec}, nil
@@ -391,6 +417,15 @@ func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableR
 		if g := s.n.Group(spec.Name, sh); g != nil {
 			addr, id := g.Raft().LeaderWithID()
 			l.LeaderAddr, l.LeaderId = string(addr), string(id)
+		}
+		if sm := resp.Shards[sh]; isChain(spec) && sm != nil && len(sm.Replicas) > 0 {
+			// A chain's head is the map's first replica.
+			l.LeaderId = sm.Replicas[0]
+			for _, nd := range resp.Nodes {
+				if nd.Id == l.LeaderId {
+					l.LeaderAddr = nd.Addr
+				}
+			}
 		}
 		resp.Leaders = append(resp.Leaders, l)
 		if resp.Shards[sh] == nil {
@@ -557,6 +592,9 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 		}
 		if sm.Adding != "" {
 			resp.Moving = append(resp.Moving, sm)
+		}
+		if ch := n.Chain(sm.Table, sm.Shard); ch != nil {
+			resp.Replicas = append(resp.Replicas, chainStatus(ch, sm.Table, sm.Shard, cm, req.GetChecksums()))
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
 			rs := replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())

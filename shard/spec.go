@@ -17,6 +17,17 @@ const (
 	DefaultReplicas = 3
 )
 
+// Replication modes of a table (TableSpec.Replication): every shard is a
+// Raft group, or a chain (replication.Chain) whose order and epoch the
+// metadata group decides. Fixed at creation: AlterTable cannot change it.
+const (
+	ReplicationRaft  = "raft"
+	ReplicationChain = "chain"
+)
+
+// isChain reports whether the table's shards are chains.
+func isChain(s *shardpb.TableSpec) bool { return s.GetReplication() == ReplicationChain }
+
 // normalizeSpec validates spec and fills its defaults, returning a copy; the
 // error names the field and value at fault.
 func normalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
@@ -34,7 +45,7 @@ func normalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 		s.Replicas = DefaultReplicas
 	}
 	if s.Replication == "" {
-		s.Replication = "raft"
+		s.Replication = ReplicationRaft
 	}
 	if s.Consistency == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
 		s.Consistency = shardpb.Consistency_CONSISTENCY_LINEARIZABLE
@@ -48,8 +59,8 @@ func normalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 	switch {
 	case s.Shards > MaxShards:
 		return nil, fmt.Errorf("%w: table %q: shards = %d (want 1..%d)", store.ErrInvalidConfig, s.Name, s.Shards, MaxShards)
-	case s.Replication != "raft":
-		return nil, fmt.Errorf("%w: table %q: replication = %q (only raft is available)", store.ErrInvalidConfig, s.Name, s.Replication)
+	case s.Replication != ReplicationRaft && s.Replication != ReplicationChain:
+		return nil, fmt.Errorf("%w: table %q: replication = %q (want %s or %s)", store.ErrInvalidConfig, s.Name, s.Replication, ReplicationRaft, ReplicationChain)
 	}
 	if err := checkLevel(s); err != nil {
 		return nil, err
@@ -90,6 +101,11 @@ func checkLevel(s *shardpb.TableSpec) error {
 		s.HotReplicas = DefaultHotReplicas
 	case t == 0:
 		s.HotReplicas = 0
+	}
+	// Hot-key read replicas copy rows from, and report to, a shard's Raft
+	// leader; a chain has none, and CRAQ already spreads its reads.
+	if isChain(s) && s.HotThreshold > 0 {
+		return fmt.Errorf("%w: table %q: hot keys (threshold %v) are not available with %s replication", store.ErrInvalidConfig, s.Name, s.HotThreshold, ReplicationChain)
 	}
 	return nil
 }

@@ -1,8 +1,10 @@
 package shard
 
 import (
+	"cmp"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +115,30 @@ func TestMetaAlterTable(t *testing.T) {
 	}
 	if !proto.Equal(m2.table("t"), got) {
 		t.Errorf("after a snapshot: %v, want %v", m2.table("t"), got)
+	}
+}
+
+func TestNormalizeSpecReplication(t *testing.T) {
+	for _, r := range []string{"", ReplicationRaft, ReplicationChain} {
+		s, err := normalizeSpec(&shardpb.TableSpec{Name: "t", Dim: 4, Replication: r})
+		if err != nil {
+			t.Fatalf("replication %q: %v", r, err)
+		}
+		if want := cmp.Or(r, ReplicationRaft); s.Replication != want {
+			t.Errorf("replication %q stored as %q, want %q", r, s.Replication, want)
+		}
+	}
+	for _, bad := range []*shardpb.TableSpec{
+		{Name: "t", Dim: 4, Replication: "paxos"},
+		{Name: "t", Dim: 4, Replication: ReplicationChain, HotThreshold: 10},
+	} {
+		if _, err := normalizeSpec(bad); !errors.Is(err, store.ErrInvalidConfig) || !strings.Contains(err.Error(), "replication") {
+			t.Errorf("spec %v: err = %v, want ErrInvalidConfig naming replication", bad, err)
+		}
+	}
+	// Alter cannot turn hot keys on for a chain table.
+	chain, _ := normalizeSpec(&shardpb.TableSpec{Name: "t", Dim: 4, Replication: ReplicationChain})
+	if _, err := alterSpec(chain, &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 5}); !errors.Is(err, store.ErrInvalidConfig) {
+		t.Errorf("alter hot on a chain table: err = %v, want ErrInvalidConfig", err)
 	}
 }

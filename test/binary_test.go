@@ -118,6 +118,13 @@ func TestBinaryClusterFailover(t *testing.T) {
 	bin, dir, cluster := binaryCluster(t, fastTimeouts)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
+	// A chain table beside it: pushed to before and after the kill too.
+	if got := raftps("table", "create", "chn", "--dim", "2", "--shards", "2", "--replication", "chain", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster); !strings.Contains(got, "(chain)") {
+		t.Errorf("table create --replication chain printed %q", got)
+	}
+	if got := raftps("table", "describe", "chn", "--cluster", cluster); !strings.Contains(got, "CHAIN (head → tail)") || !strings.Contains(got, " → ") {
+		t.Errorf("table describe of a chain table printed no chain order:\n%s", got)
+	}
 
 	var desc struct {
 		Leaders []struct {
@@ -149,9 +156,35 @@ func TestBinaryClusterFailover(t *testing.T) {
 			want[k]++
 		}
 	}
+	chainWant := map[uint64]float32{}
+	pushChain := func(n int) {
+		for i := range n {
+			k := uint64(i % 10)
+			if err := cl.Push(ctx, "chn", []uint64{k}, []float32{-1, -2}); err != nil {
+				t.Fatal(err)
+			}
+			chainWant[k]++
+		}
+	}
 	push(200)
+	pushChain(50)
+	if st := raftps("status", "--cluster", cluster); !strings.Contains(st, "CHAIN\tEPOCH") && !strings.Contains(st, "chain head") {
+		t.Errorf("status shows no chain replicas:\n%s", st)
+	}
 	raftps("cluster", "kill", victim, "--dir", dir)
 	push(200)
+	chainStart := time.Now()
+	pushChain(50) // waits until the meta group drops the killed member from the chains
+	t.Logf("chain table: 50 pushes after the kill took %s (gossip declares the node dead, the meta group drops it from the chains)", time.Since(chainStart).Round(time.Millisecond))
+	for k, w := range chainWant {
+		out := make([]float32, 2)
+		if err := cl.Pull(ctx, "chn", []uint64{k}, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0] != w || out[1] != 2*w {
+			t.Fatalf("chain table key %d = %v, %d acknowledged pushes of (1, 2)", k, out, int(w))
+		}
+	}
 	st := raftps("status", "--cluster", cluster)
 	if !strings.Contains(st, "unreachable") {
 		t.Errorf("status does not show the killed node as unreachable:\n%s", st)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/shardpb"
 )
 
 // Cluster is an in-process raftps cluster for tests: n real nodes, each with
@@ -271,11 +272,11 @@ func (c *Cluster) WaitConverged(table string, s uint32, timeout time.Duration) [
 			if n == nil || !c.holds(n, table, s) {
 				continue
 			}
-			g := n.Group(table, s)
-			if g == nil {
+			applied, _, ok := replicaOf(n, table, s)
+			if !ok {
 				return false
 			}
-			ix = append(ix, g.AppliedIndex())
+			ix = append(ix, applied)
 		}
 		for _, x := range ix {
 			if x != ix[0] {
@@ -287,12 +288,51 @@ func (c *Cluster) WaitConverged(table string, s uint32, timeout time.Duration) [
 	var sums []uint64
 	for i := range c.nodes {
 		if n := c.Node(i); n != nil && c.holds(n, table, s) {
-			if g := n.Group(table, s); g != nil {
-				sums = append(sums, g.Table().Checksum())
+			if _, sum, ok := replicaOf(n, table, s); ok {
+				sums = append(sums, sum())
 			}
 		}
 	}
 	return sums
+}
+
+// replicaOf returns node n's replica of table/s, a Raft group's or a
+// chain's: its applied index and its checksum.
+func replicaOf(n *shard.Node, table string, s uint32) (applied uint64, checksum func() uint64, ok bool) {
+	if g := n.Group(table, s); g != nil {
+		return g.AppliedIndex(), g.Table().Checksum, true
+	}
+	if ch := n.Chain(table, s); ch != nil {
+		return ch.AppliedIndex(), ch.Checksum, true
+	}
+	return 0, nil, false
+}
+
+// ShardMap returns table/s's entry in the cluster map of the first live
+// node, or nil.
+func (c *Cluster) ShardMap(table string, s uint32) *shardpb.ShardMap {
+	for i := range c.Len() {
+		if n := c.Node(i); n != nil {
+			for _, sm := range n.ClusterMap().Shards {
+				if sm.Table == table && sm.Shard == s {
+					return sm
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Index returns the index of the node with ID id, or -1.
+func (c *Cluster) Index(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, cfg := range c.cfgs {
+		if cfg.ID == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // holds reports whether node n's map places a replica of table/s on it.

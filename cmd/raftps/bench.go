@@ -28,7 +28,9 @@ type benchConfig struct {
 	table     string
 	shards    int
 	optimizer string
-	load      bool
+	// replication of the table bench creates: raft or chain.
+	replication string
+	load        bool
 }
 
 type benchResult struct {
@@ -62,6 +64,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&bc.table, "table", "", "use this existing table instead of creating one")
 	fs.IntVar(&bc.shards, "shards", 16, "shards (when bench creates the table)")
 	fs.StringVar(&bc.optimizer, "optimizer", "sgd", "optimizer (when bench creates the table)")
+	fs.StringVar(&bc.replication, "replication", shard.ReplicationRaft, "raft or chain (when bench creates the table)")
 	fs.BoolVar(&bc.load, "load", true, "push every key once before measuring")
 	cpuProfile := fs.String("cpuprofile", "", "write the bench client's CPU profile to this file")
 	if rc := parse(fs, args, stderr); rc >= 0 {
@@ -111,11 +114,11 @@ func benchmark(ctx context.Context, addrs []string, bc benchConfig, progress io.
 	if bc.table == "" {
 		bc.table = fmt.Sprintf("bench_%d", time.Now().Unix())
 		spec, err := admin.CreateTable(ctx, &shardpb.TableSpec{Name: bc.table, Dim: uint32(bc.dim), Shards: uint32(bc.shards),
-			Optimizer: bc.optimizer, Initializer: "uniform:0.01"})
+			Optimizer: bc.optimizer, Initializer: "uniform:0.01", Replication: bc.replication})
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(progress, "created table %s (dim %d, %d shards, %s)\n", spec.Name, spec.Dim, spec.Shards, spec.Optimizer)
+		fmt.Fprintf(progress, "created table %s (dim %d, %d shards, %s, %s replication)\n", spec.Name, spec.Dim, spec.Shards, spec.Optimizer, spec.Replication)
 	} else {
 		d, err := admin.Describe(ctx, bc.table)
 		if err != nil {

@@ -25,6 +25,18 @@ type replicaJSON struct {
 	Last    uint64 `json:"last_index"`
 	Rows    uint64 `json:"rows"`
 	Memory  uint64 `json:"memory_bytes"`
+	// Replication is "raft" or "chain". For a chain replica State is
+	// "leader" on the head (as for a Raft group, so tools read both alike),
+	// Leader the head, Term the epoch, Commit what the replica knows the
+	// tail applied, and ChainRole, ChainEpoch and ChainOrder (node IDs,
+	// head first) its configuration.
+	Replication string   `json:"replication"`
+	ChainRole   string   `json:"chain_role,omitempty"`
+	ChainEpoch  uint64   `json:"chain_epoch,omitempty"`
+	ChainOrder  []string `json:"chain_order,omitempty"`
+	// Checksum of the rows at Applied, with --checksums (replicas of one
+	// shard at the same applied index must agree).
+	Checksum *uint64 `json:"checksum,omitempty"`
 }
 
 type jobJSON struct {
@@ -83,6 +95,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	var cf clusterFlags
 	cf.register(fs)
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for each node")
+	checksums := fs.Bool("checksums", false, "ask every replica for the checksum of its rows (costs a pass over each table)")
 	showHot := fs.Bool("hot", false, "after the rest, print the hot keys of every table shard and their read replicas (--json always has them)")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
@@ -110,7 +123,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		seen[addr] = true
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-		st, err := cl.Status(ctx, addr)
+		st, err := cl.StatusWith(ctx, addr, &shardpb.StatusRequest{Checksums: *checksums})
 		cancel()
 		if err != nil {
 			rpc[addr] = "unreachable: " + err.Error()
@@ -214,9 +227,30 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", s.node, s.requests[0], s.requests[1], s.requests[2], s.rows, s.refused)
 		}
 	}
-	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS")
+	sumHead := ""
+	if *checksums {
+		sumHead = "\tCHECKSUM"
+	}
+	fmt.Fprintln(tw, "\nGROUP\tNODE\tSTATE\tLEADER\tTERM\tAPPLIED\tCOMMIT\tLAST\tROWS"+sumHead)
 	for _, r := range replicas {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Group, r.Node, r.State, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows)
+		state := r.State
+		if r.Replication == "chain" {
+			state = "chain " + r.ChainRole // TERM is the chain's epoch, LEADER its head
+		}
+		sum := ""
+		if *checksums {
+			sum = "\t-"
+			if r.Checksum != nil {
+				sum = fmt.Sprintf("\t%016x", *r.Checksum)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d%s\n", r.Group, r.Node, state, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows, sum)
+	}
+	if chains := chainRows(replicas); len(chains) > 0 {
+		fmt.Fprintln(tw, "\nCHAIN\tEPOCH\tORDER (head → tail)")
+		for _, c := range chains {
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", c.Group, c.ChainEpoch, strings.Join(c.ChainOrder, " → "))
+		}
 	}
 	if len(jobRows) > 0 {
 		fmt.Fprintln(tw, "\nJOB\tROUND\tRANKS")
@@ -321,6 +355,32 @@ func servedByNode(served []servedJSON) []nodeServed {
 }
 
 func replicaOf(node string, r *shardpb.ReplicaStatus) replicaJSON {
-	return replicaJSON{Group: r.Group, Node: node, State: r.State, Leader: r.LeaderId, Term: r.Term,
-		Applied: r.AppliedIndex, Commit: r.CommitIndex, Last: r.LastIndex, Rows: r.Rows, Memory: r.MemoryBytes}
+	out := replicaJSON{Group: r.Group, Node: node, State: r.State, Leader: r.LeaderId, Term: r.Term,
+		Applied: r.AppliedIndex, Commit: r.CommitIndex, Last: r.LastIndex, Rows: r.Rows, Memory: r.MemoryBytes,
+		Replication: cmp.Or(r.Replication, "raft"), ChainRole: r.ChainRole, ChainEpoch: r.ChainEpoch, ChainOrder: r.ChainOrder}
+	if r.HasChecksum {
+		sum := r.Checksum
+		out.Checksum = &sum
+	}
+	return out
+}
+
+// chainRows picks, for each chain group, the replica with the newest
+// configuration (highest epoch): the chain's order as far as its members
+// know. replicas are sorted by group.
+func chainRows(replicas []replicaJSON) []replicaJSON {
+	var out []replicaJSON
+	for _, r := range replicas {
+		if r.Replication != "chain" {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Group == r.Group {
+			if r.ChainEpoch > out[n-1].ChainEpoch {
+				out[n-1] = r
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }

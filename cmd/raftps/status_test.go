@@ -90,3 +90,31 @@ func TestServedByNode(t *testing.T) {
 		}
 	}
 }
+
+// TestChainRows: status shows each chain once, as the member with the
+// newest configuration has it, and replicaOf carries the chain fields and
+// the checksum into --json.
+func TestChainRows(t *testing.T) {
+	var reps []replicaJSON
+	for _, r := range []struct {
+		node string
+		rs   *shardpb.ReplicaStatus
+	}{
+		{"n1", &shardpb.ReplicaStatus{Group: "c/0", Replication: "chain", ChainRole: "head", ChainEpoch: 3, ChainOrder: []string{"n1", "n2"}, HasChecksum: true, Checksum: 7}},
+		{"n2", &shardpb.ReplicaStatus{Group: "c/0", Replication: "chain", ChainRole: "tail", ChainEpoch: 4, ChainOrder: []string{"n1", "n2", "n3"}}},
+		{"n1", &shardpb.ReplicaStatus{Group: "r/0", State: "leader"}},
+	} {
+		reps = append(reps, replicaOf(r.node, r.rs))
+	}
+	if reps[0].Checksum == nil || *reps[0].Checksum != 7 || reps[1].Checksum != nil || reps[2].Replication != "raft" {
+		t.Errorf("replicaOf: %+v", reps)
+	}
+	rows := chainRows(reps)
+	if len(rows) != 1 || rows[0].ChainEpoch != 4 || len(rows[0].ChainOrder) != 3 {
+		t.Errorf("chainRows = %+v, want c/0 at epoch 4 with 3 members", rows)
+	}
+	b, _ := json.Marshal(reps[1])
+	if !bytes.Contains(b, []byte(`"chain_order":["n1","n2","n3"]`)) || !bytes.Contains(b, []byte(`"chain_epoch":4`)) {
+		t.Errorf("json %s lacks the chain's order or epoch", b)
+	}
+}

@@ -111,6 +111,7 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	cons := fs.String("consistency", "linearizable", "linearizable, bounded:DURATION (10ms..1h) or eventual")
 	hotThreshold := fs.Float64("hot-threshold", 0, hotThresholdHelp)
 	hotReplicas := fs.Uint("hot-replicas", 0, hotReplicasHelp)
+	repl := fs.String("replication", shard.ReplicationRaft, "how each shard is replicated: raft (a Raft group per shard) or chain (head → … → tail, CRAQ reads); fixed at creation")
 	// The name comes first; flags after it.
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fmt.Fprintln(stderr, "usage: raftps table create NAME --dim N [flags]")
@@ -132,6 +133,12 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	if err := checkHot(*hotThreshold, *hotReplicas); err != nil {
 		return fail(stderr, "table create", err)
 	}
+	if *repl != shard.ReplicationRaft && *repl != shard.ReplicationChain {
+		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, shard.ReplicationRaft, shard.ReplicationChain))
+	}
+	if *repl == shard.ReplicationChain && *hotThreshold > 0 {
+		return fail(stderr, "table create", fmt.Errorf("--hot-threshold %v: hot keys are not available with --replication chain", *hotThreshold))
+	}
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "table create", err)
@@ -140,7 +147,7 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	spec, err := cl.CreateTable(context.Background(), &shardpb.TableSpec{
 		Name: name, Dim: uint32(*dim), Optimizer: *opt, Initializer: *init, Shards: uint32(*shards),
 		Replicas: uint32(*replicas), Seed: *seed, Consistency: c, StalenessBoundNs: int64(bound),
-		HotThreshold: *hotThreshold, HotReplicas: uint32(*hotReplicas),
+		HotThreshold: *hotThreshold, HotReplicas: uint32(*hotReplicas), Replication: *repl,
 	})
 	if err != nil {
 		return fail(stderr, "table create", err)
@@ -149,8 +156,8 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 		_ = printJSON(stdout, specJSON(spec))
 		return 0
 	}
-	fmt.Fprintf(stdout, "created table %s: dim %d, %d shards × %d replicas, %s, init %s, %s, hot keys: %s\n",
-		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Optimizer, spec.Initializer, consistencyName(spec.Consistency, spec.StalenessBoundNs), hotSetting(spec))
+	fmt.Fprintf(stdout, "created table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, %s, hot keys: %s\n",
+		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Replication, spec.Optimizer, spec.Initializer, consistencyName(spec.Consistency, spec.StalenessBoundNs), hotSetting(spec))
 	return 0
 }
 
@@ -200,9 +207,9 @@ func tableList(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tDIM\tSHARDS\tREPLICAS\tOPTIMIZER\tINIT\tCONSISTENCY\tHOT KEYS")
+	fmt.Fprintln(tw, "NAME\tDIM\tSHARDS\tREPLICAS\tREPLICATION\tOPTIMIZER\tINIT\tCONSISTENCY\tHOT KEYS")
 	for _, s := range specs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", s.Name, s.Dim, s.Shards, s.Replicas, s.Optimizer, s.Initializer, consistencyName(s.Consistency, s.StalenessBoundNs), hotSetting(s))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, consistencyName(s.Consistency, s.StalenessBoundNs), hotSetting(s))
 	}
 	tw.Flush()
 	return 0
@@ -242,12 +249,25 @@ func printDescribe(stdout io.Writer, d *shardpb.DescribeTableResponse, asJSON bo
 			Leader string `json:"leader"`
 			Addr   string `json:"addr"`
 		}
+		// chain: a chain table's shards, each its order (head first) and
+		// epoch; its "leader" is the head.
+		type chain struct {
+			Shard uint32   `json:"shard"`
+			Epoch uint64   `json:"epoch"`
+			Order []string `json:"order"`
+		}
 		out := struct {
 			tableJSON
 			Leaders []leader `json:"leaders"`
+			Chains  []chain  `json:"chains,omitempty"`
 		}{tableJSON: specJSON(d.Spec)}
 		for _, l := range d.Leaders {
 			out.Leaders = append(out.Leaders, leader{l.Shard, l.LeaderId, l.LeaderAddr})
+		}
+		if d.Spec.Replication == shard.ReplicationChain {
+			for _, sm := range d.Shards {
+				out.Chains = append(out.Chains, chain{sm.Shard, sm.Epoch, sm.Replicas})
+			}
 		}
 		_ = printJSON(stdout, out)
 		return
@@ -257,6 +277,15 @@ func printDescribe(stdout io.Writer, d *shardpb.DescribeTableResponse, asJSON bo
 		s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, s.Seed, consistencyName(s.Consistency, s.StalenessBoundNs))
 	fmt.Fprintf(stdout, "hot keys: %s\n", hotSetting(s))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	if s.Replication == shard.ReplicationChain {
+		// A chain's head is the first of its order in the map.
+		fmt.Fprintln(tw, "SHARD\tEPOCH\tCHAIN (head → tail)")
+		for _, sm := range d.Shards {
+			fmt.Fprintf(tw, "%d\t%d\t%s\n", sm.Shard, sm.Epoch, strings.Join(sm.Replicas, " → "))
+		}
+		tw.Flush()
+		return
+	}
 	fmt.Fprintln(tw, "SHARD\tLEADER\tADDR")
 	for _, l := range d.Leaders {
 		id := l.LeaderId

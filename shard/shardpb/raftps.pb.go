@@ -2487,8 +2487,23 @@ type ReplicaStatus struct {
 	Rows         uint64 `protobuf:"varint,11,opt,name=rows,proto3" json:"rows,omitempty"`
 	MemoryBytes  uint64 `protobuf:"varint,12,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	// The table's checksum at applied_index, if the request asked for it.
-	Checksum      uint64 `protobuf:"varint,13,opt,name=checksum,proto3" json:"checksum,omitempty"`
-	HasChecksum   bool   `protobuf:"varint,14,opt,name=has_checksum,json=hasChecksum,proto3" json:"has_checksum,omitempty"`
+	Checksum    uint64 `protobuf:"varint,13,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	HasChecksum bool   `protobuf:"varint,14,opt,name=has_checksum,json=hasChecksum,proto3" json:"has_checksum,omitempty"`
+	// "chain" for a replica of a chain-replicated table, else "" (Raft). For a
+	// chain replica, state is "leader" on the head and "follower" elsewhere
+	// (so tools written for Raft groups read it alike), leader_id/leader_addr
+	// name the head, commit_index is what the replica knows the tail has
+	// applied, and these say the rest: its role ("head", "middle", "tail" or
+	// "none"), the epoch of its configuration and the chain's order as the
+	// replica has it, head first (node IDs where known, else addresses).
+	Replication string   `protobuf:"bytes,15,opt,name=replication,proto3" json:"replication,omitempty"`
+	ChainRole   string   `protobuf:"bytes,16,opt,name=chain_role,json=chainRole,proto3" json:"chain_role,omitempty"`
+	ChainEpoch  uint64   `protobuf:"varint,17,opt,name=chain_epoch,json=chainEpoch,proto3" json:"chain_epoch,omitempty"`
+	ChainOrder  []string `protobuf:"bytes,18,rep,name=chain_order,json=chainOrder,proto3" json:"chain_order,omitempty"`
+	// A chain replica holds every committed entry it can know of (the head
+	// always; another member once its predecessor has caught it up in this
+	// epoch). The scheduler makes a member head only if it says so.
+	ChainCaughtUp bool `protobuf:"varint,19,opt,name=chain_caught_up,json=chainCaughtUp,proto3" json:"chain_caught_up,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2617,6 +2632,41 @@ func (x *ReplicaStatus) GetChecksum() uint64 {
 func (x *ReplicaStatus) GetHasChecksum() bool {
 	if x != nil {
 		return x.HasChecksum
+	}
+	return false
+}
+
+func (x *ReplicaStatus) GetReplication() string {
+	if x != nil {
+		return x.Replication
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetChainRole() string {
+	if x != nil {
+		return x.ChainRole
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetChainEpoch() uint64 {
+	if x != nil {
+		return x.ChainEpoch
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetChainOrder() []string {
+	if x != nil {
+		return x.ChainOrder
+	}
+	return nil
+}
+
+func (x *ReplicaStatus) GetChainCaughtUp() bool {
+	if x != nil {
+		return x.ChainCaughtUp
 	}
 	return false
 }
@@ -4091,7 +4141,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\rR\breplicas\x12\x18\n" +
 	"\aleaders\x18\x05 \x01(\rR\aleaders\x12\x14\n" +
-	"\x05admin\x18\x06 \x01(\tR\x05admin\"\x96\x03\n" +
+	"\x05admin\x18\x06 \x01(\tR\x05admin\"\xc1\x04\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
@@ -4109,7 +4159,15 @@ const file_raftps_proto_rawDesc = "" +
 	"\x04rows\x18\v \x01(\x04R\x04rows\x12!\n" +
 	"\fmemory_bytes\x18\f \x01(\x04R\vmemoryBytes\x12\x1a\n" +
 	"\bchecksum\x18\r \x01(\x04R\bchecksum\x12!\n" +
-	"\fhas_checksum\x18\x0e \x01(\bR\vhasChecksum\"_\n" +
+	"\fhas_checksum\x18\x0e \x01(\bR\vhasChecksum\x12 \n" +
+	"\vreplication\x18\x0f \x01(\tR\vreplication\x12\x1d\n" +
+	"\n" +
+	"chain_role\x18\x10 \x01(\tR\tchainRole\x12\x1f\n" +
+	"\vchain_epoch\x18\x11 \x01(\x04R\n" +
+	"chainEpoch\x12\x1f\n" +
+	"\vchain_order\x18\x12 \x03(\tR\n" +
+	"chainOrder\x12&\n" +
+	"\x0fchain_caught_up\x18\x13 \x01(\bR\rchainCaughtUp\"_\n" +
 	"\tNotLeader\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1f\n" +

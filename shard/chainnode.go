@@ -1,0 +1,360 @@
+package shard
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
+)
+
+// A node's chain replicas: what reconcile, the handlers and Status do for
+// shards of chain tables (see chainsched.go for how the map orders them).
+//
+// Identity: a Chain knows its members by gRPC address (ChainConfig.NodeAddr,
+// the node's Addr), so the order handed to SetConfig is the map's replica
+// IDs translated to addresses; a node's address cannot change while it holds
+// a replica (applyRegister refuses it).
+
+// Chain returns this node's replica of a chain shard, if it has one.
+func (n *Node) Chain(table string, shard uint32) *replication.Chain {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.chains[groupID(table, shard)]
+}
+
+// chainDir is where a chain replica keeps its log and snapshots: apart from
+// Raft groups' directories, which findRetired and gcRetired manage.
+func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, "chains", id) }
+
+// chainOrder is sm's replica list as addresses, or false if the map lacks
+// one's address.
+func chainOrder(sm *shardpb.ShardMap, addrOf map[string]string) ([]string, bool) {
+	out := make([]string, 0, len(sm.Replicas))
+	for _, id := range sm.Replicas {
+		a := addrOf[id]
+		if a == "" {
+			return nil, false
+		}
+		out = append(out, a)
+	}
+	return out, true
+}
+
+// reconcileChain opens, configures and closes this node's replica of a
+// chain shard to match its map entry.
+//
+// A replica the map no longer places here is closed and its data deleted at
+// once: a chain member's data is never needed after its removal (a node the
+// map appends again is caught up by its predecessor, by snapshot if its log
+// does not match). Data is deleted only on a removal this loop sees, never
+// on the strength of a map this node has just restarted with, which may be
+// older than a later re-append.
+func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, addrOf map[string]string) {
+	id := shardMapKey(sm)
+	member := isReplica(sm, n.cfg.ID)
+	ch := n.Chain(sm.Table, sm.Shard)
+	switch {
+	case member && ch == nil:
+		cfg, err := tableConfig(spec)
+		if err != nil {
+			n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
+			return
+		}
+		if ch, err = n.openChain(id, cfg); err != nil {
+			n.log.Error("opening chain replica", "group", id, "error", err)
+			return
+		}
+		n.log.Info("chain replica opened", "group", id, "epoch", sm.Epoch)
+	case !member && ch != nil:
+		n.closeChain(id, true)
+		n.log.Info("chain replica closed and deleted: the map moved it away", "group", id, "epoch", sm.Epoch)
+		return
+	case !member:
+		return
+	}
+	if ch.Epoch() >= sm.Epoch {
+		return // configured already, or this node's map lags the chain's
+	}
+	order, ok := chainOrder(sm, addrOf)
+	if !ok {
+		return
+	}
+	if staleLog(ch.Order(), order, n.cfg.Addr) {
+		// Removed and appended again since the configuration it recovered
+		// (a restart, or epochs this loop did not see): its log may hold
+		// entries the chain dropped. Start it empty; its predecessor
+		// resends everything. Its data is a copy: the members before it
+		// hold all it could have that was committed.
+		n.closeChain(id, true)
+		cfg, err := tableConfig(spec)
+		if err == nil {
+			ch, err = n.openChain(id, cfg)
+		}
+		if err != nil {
+			n.log.Error("reopening chain replica empty", "group", id, "error", err)
+			return
+		}
+		n.log.Info("chain replica appended again: restarted empty", "group", id, "epoch", sm.Epoch)
+	}
+	if err := ch.SetConfig(sm.Epoch, order); err != nil {
+		n.log.Warn("configuring chain replica", "group", id, "epoch", sm.Epoch, "order", order, "error", err)
+	}
+}
+
+// staleLog reports whether a replica at self whose last configuration had
+// order old cannot trust its log under order new. Members ahead of a node
+// only ever leave while it stays (new ones are appended behind it), so while
+// it stays a member its log remains a prefix of its predecessor's. A member
+// ahead of it now that was not ahead of it then means it was removed and
+// appended again; a replica whose last configuration left it out was
+// removed. Either way its log may hold entries of an old head that never
+// reached the others, and before its predecessor's snapshot replaced them it
+// would serve them (as the tail, from its own state) and commit them.
+func staleLog(old, new []string, self string) bool {
+	if len(old) == 0 {
+		return false // never configured: empty
+	}
+	j := slices.Index(old, self)
+	i := slices.Index(new, self)
+	if j < 0 {
+		return true
+	}
+	for _, m := range new[:max(i, 0)] {
+		if !slices.Contains(old[:j], m) {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *Node) openChain(id string, cfg store.TableConfig) (*replication.Chain, error) {
+	ch, err := replication.OpenChain(replication.ChainConfig{
+		ID: id, NodeAddr: n.cfg.Addr, Dir: n.chainDir(id), Table: cfg, Mux: n.chainMux,
+		Logger: n.log.Named(id),
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.closed:
+		ch.Close()
+		return nil, errors.New("node closed")
+	default:
+	}
+	n.chains[id] = ch
+	return ch, nil
+}
+
+// closeChain closes this node's replica of a chain, deleting its data if
+// asked.
+func (n *Node) closeChain(id string, remove bool) {
+	n.mu.Lock()
+	ch := n.chains[id]
+	delete(n.chains, id)
+	n.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	if err := ch.Close(); err != nil {
+		n.log.Warn("closing chain replica", "group", id, "error", err)
+	}
+	if remove {
+		if err := os.RemoveAll(n.chainDir(id)); err != nil {
+			n.log.Warn("deleting a moved-away chain replica", "group", id, "error", err)
+		}
+	}
+}
+
+// chainFor finds this node's replica of a chain shard for a request carrying
+// the client's map epoch (the same epoch rules as groupFor).
+func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*replication.Chain, error) {
+	if err := n.checkShardEpoch(spec, shard, epoch); err != nil {
+		return nil, err
+	}
+	ch := n.Chain(spec.Name, shard)
+	if ch == nil {
+		return nil, fmt.Errorf("chain %s: %w: replica not open on node %s yet", groupID(spec.Name, shard), ErrUnavailable, n.cfg.ID)
+	}
+	// A replica whose configuration is older than what the client or this
+	// node's map knows (a node just restarted from disk, or a map change
+	// reconcile has not handed it yet) may believe itself head or tail of
+	// an order that is gone: it must not serve until SetConfig catches up.
+	// The client asks another member meanwhile.
+	newest := epoch
+	if sm := n.metaFSM.shardMap(spec.Name, shard); sm != nil {
+		newest = max(newest, sm.Epoch)
+	}
+	if have := ch.Epoch(); newest > have {
+		n.kickReconcile()
+		return nil, fmt.Errorf("chain %s: %w: node %s has the chain's epoch %d, the shard map %d", ch.ID(), replication.ErrEpochAhead, n.cfg.ID, have, newest)
+	}
+	return ch, nil
+}
+
+// chainPush hands a push to the chain; only the head takes it. A member
+// that is not the head answers ErrNotHead with the head it knows, which
+// toStatus sends as a NotLeader detail: the client follows it exactly as it
+// follows a Raft follower's hint.
+func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PushRequest, keys []uint64, grads []float32) (*shardpb.PushResponse, error) {
+	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	dup, err := ch.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &shardpb.PushResponse{Duplicate: dup}, nil
+}
+
+// chainPull serves a pull of a chain shard at level, on any member:
+//
+//   - linearizable: ReadCRAQ. A clean key's value is that of its newest
+//     committed entry (replication.Chain.Pull argues why), and a dirty key
+//     is read at the tail, so every read sees every push acknowledged before
+//     it began and nothing a later read could miss: linearizable.
+//   - bounded(δ): ReadCRAQ as well. It is linearizable, so never older than
+//     any bound, and costs no more than a bounded read on a clean key; a
+//     chain member has no read lease to prove an older state recent.
+//   - eventual: ReadAny, what this member has applied. A member serves only
+//     while it is in the order of its current epoch, and a removed member is
+//     told so by its next SetConfig, so a replica cut off from its chain for
+//     good stops serving; one lagging behind its predecessor only while the
+//     stream delivers.
+//
+// Errors other than a bad request are retryable (reads change nothing): the
+// tail a CRAQ read asked may have just been replaced.
+func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PullRequest, keys []uint64, level shardpb.Consistency) (*shardpb.PullResponse, error) {
+	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	mode := replication.ReadCRAQ
+	if level == shardpb.Consistency_CONSISTENCY_EVENTUAL {
+		mode = replication.ReadAny
+	}
+	role := roleFollower
+	if ch.Role() == replication.RoleTail {
+		role = roleLeader // the tail answers from its own state, as a leader does
+	}
+	out := make([]float32, len(keys)*int(spec.Dim))
+	ix, err := ch.Pull(ctx, keys, out, mode)
+	if err != nil {
+		s.n.served.refused(role, level)
+		if !errors.Is(err, replication.ErrBadRequest) && !errors.Is(err, store.ErrDimMismatch) && ctx.Err() == nil {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil, toStatus(err)
+	}
+	s.n.served.served(role, level, len(keys))
+	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: ix, ServedBy: roleNames[role]}, nil
+}
+
+// chainStatus is a chain replica's status line. State says "leader" on the
+// head and "follower" elsewhere, so that tools reading Raft groups' status
+// (raftps chaos waits for each group's leader's applied index) read chains
+// alike; ChainRole has the real role.
+func chainStatus(ch *replication.Chain, table string, shard uint32, cm *shardpb.ClusterMap, checksums bool) *shardpb.ReplicaStatus {
+	idOf := map[string]string{}
+	for _, nd := range cm.Nodes {
+		idOf[nd.Addr] = nd.Id
+	}
+	order := ch.Order()
+	ids := make([]string, len(order))
+	for i, a := range order {
+		ids[i] = cmp.Or(idOf[a], a)
+	}
+	role := ch.Role()
+	rs := &shardpb.ReplicaStatus{
+		Group: ch.ID(), Table: table, Shard: shard, State: "follower",
+		Replication: ReplicationChain, ChainRole: role.String(), ChainEpoch: ch.Epoch(), ChainOrder: ids,
+		AppliedIndex: ch.AppliedIndex(), CommitIndex: ch.CommittedIndex(), Term: ch.Epoch(),
+		ChainCaughtUp: ch.CaughtUp(),
+	}
+	if role == replication.RoleHead {
+		rs.State = "leader"
+	}
+	if len(order) > 0 {
+		rs.LeaderAddr, rs.LeaderId = order[0], ids[0]
+	}
+	rs.LastIndex = rs.AppliedIndex
+	t := ch.Table()
+	rs.Rows, rs.MemoryBytes = uint64(t.Len()), uint64(t.MemoryBytes())
+	if checksums {
+		// Only a checksum taken while nothing was applied belongs to the
+		// applied index reported.
+		sum := ch.Checksum()
+		if ch.AppliedIndex() == rs.AppliedIndex {
+			rs.Checksum, rs.HasChecksum = sum, true
+		}
+	}
+	return rs
+}
+
+// waitChainReady waits until every member of every shard of a chain table
+// has its replica open in the shard's current epoch, asking each member's
+// status: then a push reaches a head that can forward it.
+func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) error {
+	err := pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
+		cm := n.metaFSM.clusterMap()
+		addrOf := nodeAddrs(cm)
+		want := map[string]map[string]uint64{} // node address -> group -> epoch
+		for s := range spec.Shards {
+			sm := n.metaFSM.shardMap(spec.Name, s)
+			if sm == nil {
+				return false, nil
+			}
+			for _, id := range sm.Replicas {
+				a := addrOf[id]
+				if want[a] == nil {
+					want[a] = map[string]uint64{}
+				}
+				want[a][shardMapKey(sm)] = sm.Epoch
+			}
+		}
+		for _, a := range slices.Sorted(maps.Keys(want)) {
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, err := n.statusOf(qctx, a)
+			cancel()
+			if err != nil {
+				return false, nil
+			}
+			for _, rs := range st.Replicas {
+				if e, ok := want[a][rs.Group]; ok && rs.Replication == ReplicationChain && rs.ChainEpoch >= e {
+					delete(want[a], rs.Group)
+				}
+			}
+			if len(want[a]) > 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("table %q: %w: its chains are not all configured: %w", spec.Name, ErrUnavailable, err)
+	}
+	return nil
+}
+
+// statusOf is a node's status (this node's without a call).
+func (n *Node) statusOf(ctx context.Context, addr string) (*shardpb.StatusResponse, error) {
+	if addr == n.cfg.Addr {
+		return (&service{n: n}).Status(ctx, &shardpb.StatusRequest{})
+	}
+	ps, err := n.peerStub(addr)
+	if err != nil {
+		return nil, err
+	}
+	return ps.Status(ctx, &shardpb.StatusRequest{})
+}

@@ -1,0 +1,134 @@
+package shard
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestChainStep(t *testing.T) {
+	set := func(s string) func(string) bool {
+		return func(id string) bool { return strings.Contains(" "+s+" ", " "+id+" ") }
+	}
+	none := set("")
+	all := func(string) bool { return true }
+	l := func(s string) []string { return strings.Fields(s) }
+	cases := []struct {
+		name          string
+		order, target string
+		dead, canAdd  func(string) bool
+		want          string // "" = no step
+	}{
+		{"settled", "a b c", "a b c", none, all, ""},
+		{"target order ignored", "a b c", "c a b", none, all, ""},
+		{"dead head removed, order kept", "a b c", "a b c", set("a"), all, "b c"},
+		{"dead middle removed", "a b c", "a b c", set("b"), all, "a c"},
+		{"dead tail removed", "a b c", "a b c", set("c"), all, "a b"},
+		{"two dead: one per epoch, head first", "a b c", "a b c", set("a c"), all, "b c"},
+		{"all dead: wait", "a b c", "a b c", set("a b c"), all, ""},
+		{"replacement appended at the tail", "b c", "d b c", none, all, "b c d"},
+		{"restarted node appended at the tail", "b c", "a b c", none, all, "b c a"},
+		{"no replacement that may join", "b c", "a b c", none, none, ""},
+		{"rebalance: append first", "a b c", "a b d", none, all, "a b c d"},
+		{"rebalance: then remove the old", "a b c d", "a b d", none, all, "a b d"},
+		{"dead before surplus", "a b c d", "a b d", set("d"), all, "a b c"},
+		{"dead node not re-added", "b c", "a b c", set("a"), func(id string) bool { return id != "a" }, ""},
+	}
+	for _, c := range cases {
+		got := chainStep(l(c.order), l(c.target), c.dead, c.canAdd)
+		if !slices.Equal(got, l(c.want)) {
+			t.Errorf("%s: chainStep(%q → %q) = %q, want %q", c.name, c.order, c.target, got, c.want)
+		}
+	}
+}
+
+// TestChainStepKeepsPrefixOrder drives chainStep to a fixed point from many
+// orders and targets and checks every step is a removal that keeps the
+// survivors' relative order or an append at the tail: the rule the chain
+// core's prefix invariant rests on.
+func TestChainStepKeepsPrefixOrder(t *testing.T) {
+	nodes := []string{"a", "b", "c", "d", "e"}
+	perms := func(n int) [][]string {
+		var out [][]string
+		var rec func(cur []string)
+		rec = func(cur []string) {
+			if len(cur) == n {
+				out = append(out, slices.Clone(cur))
+				return
+			}
+			for _, x := range nodes {
+				if !slices.Contains(cur, x) {
+					rec(append(cur, x))
+				}
+			}
+		}
+		rec(nil)
+		return out
+	}
+	for _, order := range perms(3) {
+		for _, target := range perms(3)[:20] {
+			for deadMask := range 8 {
+				dead := func(id string) bool {
+					i := slices.Index(nodes, id)
+					return i < 3 && deadMask&(1<<i) != 0
+				}
+				canAdd := func(id string) bool { return !dead(id) }
+				cur := order
+				for step := 0; ; step++ {
+					next := chainStep(cur, target, dead, canAdd)
+					if next == nil {
+						break
+					}
+					if step > 10 {
+						t.Fatalf("order %v target %v dead %b: no fixed point (at %v)", order, target, deadMask, cur)
+					}
+					switch {
+					case len(next) == len(cur)+1:
+						if !slices.Equal(next[:len(cur)], cur) {
+							t.Fatalf("%v → %v: an add not at the tail", cur, next)
+						}
+					case len(next) == len(cur)-1:
+						kept := slices.DeleteFunc(slices.Clone(cur), func(id string) bool { return !slices.Contains(next, id) })
+						if !slices.Equal(kept, next) {
+							t.Fatalf("%v → %v: a removal that reorders", cur, next)
+						}
+						if len(next) == 0 {
+							t.Fatalf("%v → %v: removed the last member", cur, next)
+						}
+					default:
+						t.Fatalf("%v → %v: not one add or one removal", cur, next)
+					}
+					cur = next
+				}
+			}
+		}
+	}
+}
+
+func TestStaleLog(t *testing.T) {
+	l := strings.Fields
+	for _, c := range []struct {
+		old, new string
+		want     bool
+	}{
+		{"", "a b x", false},            // never configured
+		{"a x c", "a x c", false},       // same
+		{"a x c", "a x", false},         // the tail left: x is tail, its log still a prefix of a's
+		{"a b x", "b x", false},         // the head left
+		{"a x", "a x", false},           // removed and appended again behind the same member: still a prefix
+		{"a b x", "b x", false},         // ahead of it only removals
+		{"x b c", "b c x", true},        // the old head appended again: b and c were behind it
+		{"a x c", "a c x", true},        // the middle appended again behind c
+		{"a b", "a b x", true},          // its last configuration left it out
+		{"a b x", "a b x c", false},     // one appended behind it
+		{"x b c", "x b c d", false},     // still head
+		{"a x c d", "a c d x e", true},  // appended again, then another behind it
+		{"a b x", "b a x", false},       // (never made) both were ahead: its log is a prefix of both
+		{"a b x c", "x c", false},       // all ahead of it left: it is head
+		{"a b x c", "b x c e f", false}, // removals ahead, appends behind
+	} {
+		if got := staleLog(l(c.old), l(c.new), "x"); got != c.want {
+			t.Errorf("staleLog(%q → %q) = %v, want %v", c.old, c.new, got, c.want)
+		}
+	}
+}

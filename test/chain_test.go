@@ -1,0 +1,198 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/test/history"
+)
+
+// chainSpec is a linearizable chain table of 2 shards of dim 2 whose rows
+// are exact sums of the pushed gradients.
+func chainSpec(name string) *shardpb.TableSpec {
+	spec := levelSpec(name, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
+	spec.Dim, spec.Replication = 2, shard.ReplicationChain
+	return spec
+}
+
+// waitChain waits until table/s's map entry satisfies cond, and returns it.
+func (c *Cluster) waitChain(table string, s uint32, timeout time.Duration, what string, cond func(sm *shardpb.ShardMap) bool) *shardpb.ShardMap {
+	c.t.Helper()
+	var got *shardpb.ShardMap
+	c.waitFor(timeout, fmt.Sprintf("%s/%d: %s", table, s, what), func() bool {
+		got = c.ShardMap(table, s)
+		return got != nil && cond(got)
+	})
+	return got
+}
+
+// TestChainHistoryThroughKills runs pushes and linearizable pulls from
+// several clients against a chain table while the head, then the tail, then
+// a middle member of shard 0 is killed (each restarted after the meta group
+// has removed it, and appended again at the tail), then checks: no
+// acknowledged push lost or applied twice, the history linearizable
+// (porcupine), the replicas' checksums equal; and that every reconfiguration
+// kept the survivors' order and appended at the tail.
+func TestChainHistoryThroughKills(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	const table = "chist"
+	spec, err := cl.CreateTable(ctx, chainSpec(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Replication != shard.ReplicationChain {
+		t.Fatalf("created spec has replication %q", spec.Replication)
+	}
+	rec := history.NewRecorder()
+	stop := make(chan struct{})
+	wg := historyWorkload(c, rec, table, "linearizable", 3, 24, stop)
+
+	for _, role := range []string{"head", "tail", "middle"} {
+		time.Sleep(700 * time.Millisecond)
+		sm := c.waitChain(table, 0, 20*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
+		victim := map[string]string{"head": sm.Replicas[0], "middle": sm.Replicas[1], "tail": sm.Replicas[2]}[role]
+		t.Logf("killing the %s %s of %v (epoch %d)", role, victim, sm.Replicas, sm.Epoch)
+		i := c.Index(victim)
+		c.Kill(i)
+		rest := slices.DeleteFunc(slices.Clone(sm.Replicas), func(id string) bool { return id == victim })
+		removed := c.waitChain(table, 0, 20*time.Second, victim+" removed", func(x *shardpb.ShardMap) bool { return !slices.Contains(x.Replicas, victim) })
+		if !slices.Equal(removed.Replicas, rest) {
+			t.Errorf("after removing %s: order %v, want %v (survivors in order)", victim, removed.Replicas, rest)
+		}
+		c.Start(i)
+		back := c.waitChain(table, 0, 20*time.Second, victim+" appended again", func(x *shardpb.ShardMap) bool { return len(x.Replicas) == 3 })
+		if !slices.Equal(back.Replicas[:2], rest) {
+			t.Errorf("after re-adding: order %v, want %v then the new tail", back.Replicas, rest)
+		}
+	}
+	time.Sleep(700 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	ops := rec.Ops()
+	dir := t.TempDir()
+	path := filepath.Join(dir, table+".jsonl")
+	if err := history.WriteFile(path, ops); err != nil {
+		t.Fatal(err)
+	}
+	var pushes, pulls, unknown int
+	for _, op := range ops {
+		switch {
+		case op.Outcome == history.Unknown:
+			unknown++
+		case op.Outcome != history.OK:
+		case op.Kind == history.Push:
+			pushes++
+		default:
+			pulls++
+		}
+	}
+	t.Logf("%d acknowledged pushes, %d pulls, %d unknown outcomes", pushes, pulls, unknown)
+	if pushes < 50 || pulls < 50 {
+		t.Errorf("only %d pushes and %d pulls completed", pushes, pulls)
+	}
+	for s := range uint32(2) {
+		c.waitChain(table, s, 20*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
+		if sums := c.WaitConverged(table, s, 30*time.Second); len(sums) != 3 || !allEqual(sums) {
+			t.Errorf("%s/%d: replica checksums %v, want 3 equal", table, s, sums)
+		}
+	}
+	keys := make([]uint64, 24)
+	for i := range keys {
+		keys[i] = uint64(i)
+	}
+	out := make([]float32, 2*len(keys))
+	if err := cl.Pull(ctx, table, keys, out); err != nil {
+		t.Fatal(err)
+	}
+	final := map[uint64]int64{}
+	for i, k := range keys {
+		final[k] = int64(out[2*i])
+	}
+	if fr := history.CheckFinal(ops, final); !fr.OK() || fr.Lost != 0 || fr.Doubled != 0 {
+		t.Errorf("%v (history in %s)", fr, path)
+	}
+	res, err := history.CheckLinearizable(ops, time.Minute, filepath.Join(dir, table+".html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK {
+		t.Errorf("not linearizable: %v (history %s)", res, path)
+	}
+}
+
+// TestChainStatus checks that a node's status shows each chain replica's
+// role, epoch and order, that the head's state reads "leader" (as raftps
+// chaos expects of a group's leader), and that the replicas' checksums,
+// asked for, agree.
+func TestChainStatus(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	spec := chainSpec("cstat")
+	spec.Shards = 1
+	if _, err := cl.CreateTable(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	keys, grads := []uint64{1, 2, 3}, []float32{1, 1, 2, 2, 3, 3}
+	if err := cl.Push(ctx, "cstat", keys, grads); err != nil {
+		t.Fatal(err)
+	}
+	sm := c.ShardMap("cstat", 0)
+	c.WaitConverged("cstat", 0, 10*time.Second)
+	roles := map[string]string{}
+	var sums []uint64
+	for _, addr := range c.Addrs() {
+		st, err := cl.StatusWith(ctx, addr, &shardpb.StatusRequest{Checksums: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rs := range st.Replicas {
+			if rs.Group != "cstat/0" {
+				continue
+			}
+			if rs.Replication != shard.ReplicationChain || rs.ChainEpoch != sm.Epoch || !slices.Equal(rs.ChainOrder, sm.Replicas) {
+				t.Errorf("%s: status %v, want a chain replica at epoch %d with order %v", st.NodeId, rs, sm.Epoch, sm.Replicas)
+			}
+			if (rs.State == "leader") != (rs.ChainRole == "head") || rs.LeaderId != sm.Replicas[0] {
+				t.Errorf("%s: state %q role %q leader %q; the head is %s", st.NodeId, rs.State, rs.ChainRole, rs.LeaderId, sm.Replicas[0])
+			}
+			if !rs.HasChecksum {
+				t.Errorf("%s: no checksum", st.NodeId)
+			}
+			roles[st.NodeId] = rs.ChainRole
+			sums = append(sums, rs.Checksum)
+		}
+	}
+	want := map[string]string{sm.Replicas[0]: "head", sm.Replicas[1]: "middle", sm.Replicas[2]: "tail"}
+	if fmt.Sprint(roles) != fmt.Sprint(want) {
+		t.Errorf("roles %v, want %v", roles, want)
+	}
+	if len(sums) != 3 || !allEqual(sums) {
+		t.Errorf("checksums %v, want 3 equal", sums)
+	}
+	// Every level reads the push: an acknowledged push is applied on every
+	// member (each applies before it forwards), so even eventual reads,
+	// served from a member's own state, see it.
+	for _, o := range []shard.PullOptions{{},
+		{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: 50 * time.Millisecond, AllowWeaker: true},
+		{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL, AllowWeaker: true}} {
+		for range 3 { // spread pulls pick a member at random
+			out := make([]float32, 6)
+			if err := cl.PullOpts(ctx, "cstat", keys, out, o); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(out, []float32{-1, -1, -2, -2, -3, -3}) {
+				t.Errorf("level %v: pulled %v after one sgd:lr=1 push of %v", o.Level, out, grads)
+			}
+		}
+	}
+}

@@ -136,10 +136,10 @@ test-docker-if-engine:
 	@if timeout 10 docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory test-docker; \
 	else echo "test-docker: SKIPPED: no Docker engine answers (docker info); the containerised chaos round did not run"; fi
 
-# Long chaos for release checks: a fresh local 3-node cluster, SOAK (default
-# 30m) of leader kills and pauses every SOAK_EVERY; the report and the
-# histories go to bin/soak. SOAK_TARGET=docker runs it on the compose
-# cluster instead, partitions included.
+# Long chaos for release checks: a fresh local 3-node cluster (with
+# --fault-injection, for partitions), SOAK (default 30m) of leader kills,
+# pauses and partitions every SOAK_EVERY; the report and the histories go
+# to bin/soak. SOAK_TARGET=docker runs it on the compose cluster instead.
 SOAK        ?= 30m
 SOAK_EVERY  ?= 10s
 SOAK_TARGET ?= local
@@ -149,8 +149,8 @@ soak: build ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/repo
 		$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true; $(MAKE) --no-print-directory compose-up || exit 1; \
 		target=docker:$(COMPOSE_PROJECT); faults=kill-leader,pause-leader,partition-leader,partition-minority; \
 	else \
-		bin/raftps cluster up --dir bin/soak/cluster --base-port 17600 --server-args "--heartbeat-timeout 200ms" >/dev/null || exit 1; \
-		target=local:bin/soak/cluster; faults=kill-leader,pause-leader; \
+		bin/raftps cluster up --dir bin/soak/cluster --base-port 17600 --server-args "--fault-injection" >/dev/null || exit 1; \
+		target=local:bin/soak/cluster; faults=kill-leader,pause-leader,partition-leader,partition-minority; \
 	fi; \
 	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $$faults --out bin/soak || status=$$?; \
 	if [ "$(SOAK_TARGET)" = docker ]; then $(MAKE) --no-print-directory compose-down; else bin/raftps cluster down --dir bin/soak/cluster >/dev/null; fi; \

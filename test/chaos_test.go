@@ -59,22 +59,23 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 
 // TestBinaryChaosLocal is make test's short chaos round: a 3-process
 // cluster, a checked workload on a linearizable and a bounded table, a
-// leader kill, a leader pause (SIGSTOP longer than an election) and a
-// leader cut off from the other nodes (fault injection: clients still reach
-// it, so a stale leader serving linearizable reads would show). Every
+// leader kill, a leader pause (SIGSTOP longer than an election), a leader
+// cut off from the other nodes (fault injection: clients still reach it, so
+// a stale leader serving linearizable reads would show) and a majority cut
+// off (no quorum anywhere until the heal). Every
 // verdict must pass: nothing lost or doubled, the linearizable history
 // linearizable, bounded pulls within their bound, replicas equal, and
 // writes back within a few seconds of each fault.
 func TestBinaryChaosLocal(t *testing.T) {
 	bin, dir, _ := binaryCluster(t, fastTimeouts, "--fault-injection")
-	s, code := runChaos(t, bin, dir, "--duration", "30s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader,partition-leader")
+	s, code := runChaos(t, bin, dir, "--duration", "40s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority")
 	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
 		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
 	if code != 0 || len(s.Violations) > 0 {
 		t.Fatalf("chaos failed (exit %d): %v", code, s.Violations)
 	}
-	if len(s.Faults) != 3 {
-		t.Errorf("%d faults injected, want 3 (one of each kind)", len(s.Faults))
+	if len(s.Faults) != 4 {
+		t.Errorf("%d faults injected, want 4 (one of each kind)", len(s.Faults))
 	}
 	for _, f := range s.Faults {
 		t.Logf("  %s %s: writes back after %d ms", f.Kind, f.Node, f.UnavailableMs)

@@ -28,7 +28,7 @@ import (
 // tables' histories linearizable, the bounded tables' pulls within their
 // bound, every shard's replicas equal.
 
-var chaosFaultKinds = []string{"kill-leader", "pause-leader", "partition-leader", "partition-minority", "kill-node"}
+var chaosFaultKinds = []string{"kill-leader", "pause-leader", "partition-leader", "partition-minority", "partition-majority", "kill-node"}
 
 type chaosConfig struct {
 	target   string

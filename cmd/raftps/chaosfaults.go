@@ -85,9 +85,15 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		}
 		slices.SortFunc(groups, func(a, b chaosGroup) int { return strings.Compare(a.String(), b.String()) })
 		victims = []string{leaders[groups[rng.IntN(len(groups))]]}
-	case "partition-minority":
+	case "partition-minority", "partition-majority":
+		// A minority: (N-1)/2 nodes; a majority: N/2+1, so that no group
+		// has a quorum until the heal. Each victim is cut off alone.
+		n := max(1, (len(live)-1)/2)
+		if kind == "partition-majority" {
+			n = len(live)/2 + 1
+		}
 		perm := rng.Perm(len(live))
-		for _, i := range perm[:max(1, (len(live)-1)/2)] {
+		for _, i := range perm[:n] {
 			victims = append(victims, live[i])
 		}
 	case "kill-node":
@@ -105,7 +111,8 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 	f.Node = strings.Join(victims, ",")
 	var affected []chaosGroup
 	for g, l := range leaders {
-		if slices.Contains(victims, l) {
+		// With a majority cut off, no group has a quorum: every one is hit.
+		if slices.Contains(victims, l) || kind == "partition-majority" {
 			affected = append(affected, g)
 		}
 	}
@@ -120,7 +127,7 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		do, undo = r.target.kill, r.target.start
 	case "pause-leader":
 		do, undo = r.target.pause, r.target.resume
-	case "partition-leader", "partition-minority":
+	case "partition-leader", "partition-minority", "partition-majority":
 		do, undo = r.target.isolate, r.target.reconnect
 	}
 	t0 := time.Now()
@@ -135,19 +142,32 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		}
 	}
 	r.logf("%s: %s (leading %s)", kind, f.Node, strings.Join(f.Groups, " "))
-	if unavail, ok := r.probe(affected, t0.Add(r.cc.every-r.cc.down/2)); ok {
-		f.UnavailableMs = unavail.Milliseconds()
+	// The probe runs across the heal: with a majority cut off, writes come
+	// back only after it.
+	type probed struct {
+		d  time.Duration
+		ok bool
+	}
+	probe := make(chan probed, 1)
+	go func() {
+		d, ok := r.probe(affected, t0.Add(r.cc.every-r.cc.down/2))
+		probe <- probed{d, ok}
+	}()
+	if kind != "kill-node" {
+		time.Sleep(time.Until(t0.Add(r.cc.down)))
+		for _, v := range victims {
+			if err := undo(v); err != nil {
+				f.Error = fmt.Sprintf("healing %s: %v", v, err)
+			}
+		}
+	}
+	if p := <-probe; p.ok {
+		f.UnavailableMs = p.d.Milliseconds()
 	}
 	if kind == "kill-node" {
 		r.killed[victims[0]] = true
 		r.logf("  writes back after %d ms; %s stays down", f.UnavailableMs, victims[0])
 		return f
-	}
-	time.Sleep(time.Until(t0.Add(r.cc.down)))
-	for _, v := range victims {
-		if err := undo(v); err != nil {
-			f.Error = fmt.Sprintf("healing %s: %v", v, err)
-		}
 	}
 	if d, ok := r.caughtUp(ctx, affected, t0.Add(r.cc.every-r.cc.down/4)); ok {
 		f.ReplicatedMs = d.Sub(t0).Milliseconds()

@@ -87,37 +87,9 @@ func (c *Chain) batchLoop() {
 	defer c.wg.Done()
 	var carry *pending
 	for {
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-c.pushCh:
-			case <-c.closed:
-				return
-			}
-		}
-		select {
-		case c.inflight <- struct{}{}:
-		case <-c.closed:
-			first.done <- pushOutcome{err: c.closedErr()}
+		batch, size, ok := nextBatch(c.pushCh, c.inflight, c.closed, c.closedErr, c.cfg.MaxEntryBytes-pushBatchHeaderMax-entryHeader, &carry)
+		if !ok {
 			return
-		}
-		batch := []*pending{first}
-		size := len(first.enc)
-		limit := c.cfg.MaxEntryBytes - pushBatchHeaderMax - entryHeader
-	drain:
-		for size < limit {
-			select {
-			case p := <-c.pushCh:
-				if size+len(p.enc) > limit {
-					carry = p
-					break drain
-				}
-				batch = append(batch, p)
-				size += len(p.enc)
-			default:
-				break drain
-			}
 		}
 		if err := c.appendHead(batch, size); err != nil {
 			<-c.inflight

@@ -515,36 +515,9 @@ func (g *Group) batchLoop() {
 	defer g.wg.Done()
 	var carry *pending
 	for {
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-g.pushCh:
-			case <-g.closed:
-				return
-			}
-		}
-		select {
-		case g.inflight <- struct{}{}:
-		case <-g.closed:
-			first.done <- pushOutcome{err: g.closedErr()}
+		batch, size, ok := nextBatch(g.pushCh, g.inflight, g.closed, g.closedErr, g.cfg.MaxEntryBytes-pushBatchHeaderMax, &carry)
+		if !ok {
 			return
-		}
-		batch := []*pending{first}
-		size := len(first.enc)
-	drain:
-		for size < g.cfg.MaxEntryBytes {
-			select {
-			case p := <-g.pushCh:
-				if size+len(p.enc) > g.cfg.MaxEntryBytes-pushBatchHeaderMax {
-					carry = p
-					break drain
-				}
-				batch = append(batch, p)
-				size += len(p.enc)
-			default:
-				break drain
-			}
 		}
 		cmd := appendPushBatchHeader(make([]byte, 0, size+pushBatchHeaderMax), time.Now().UnixNano(), len(batch))
 		for _, p := range batch {

@@ -40,6 +40,11 @@ func (c *Cluster) waitChain(table string, s uint32, timeout time.Duration, what 
 // (porcupine), the replicas' checksums equal; and that every reconfiguration
 // kept the survivors' order and appended at the tail.
 func TestChainHistoryThroughKills(t *testing.T) {
+	if raceDetector {
+		// make test's budget: the chain's concurrency is race-tested in
+		// replication (chain_test.go); this runs in make test-unit.
+		t.Skip("in-process cluster with kills; run without -race")
+	}
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()

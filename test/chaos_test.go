@@ -67,8 +67,10 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 // linearizable, bounded pulls within their bound, replicas equal, and
 // writes back within a few seconds of each fault.
 func TestBinaryChaosLocal(t *testing.T) {
+	// Beside TestBinaryPausedLeaderNoAttemptTimeout, which mostly waits.
+	t.Parallel()
 	bin, dir, _ := binaryCluster(t, fastTimeouts, "--fault-injection")
-	s, code := runChaos(t, bin, dir, "--duration", "40s", "--every", "10s", "--down", "3s", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority")
+	s, code := runChaos(t, bin, dir, "--duration", "32s", "--every", "8s", "--down", "2500ms", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority")
 	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
 		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
 	if code != 0 || len(s.Violations) > 0 {

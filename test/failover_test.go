@@ -22,6 +22,7 @@ import (
 // client it is silent (PeerContact), so the push goes to the new leader.
 // Without either the push would take at least the attempt timeout.
 func TestBinaryPausedLeaderNoAttemptTimeout(t *testing.T) {
+	t.Parallel() // mostly waits; beside TestBinaryChaosLocal
 	_, dir, addrs := binaryCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

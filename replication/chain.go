@@ -172,6 +172,7 @@ func (e *NotHeadError) Unwrap() error { return ErrNotHead }
 //	dirtyMu  CRAQ's per-key in-flight counts.
 type Chain struct {
 	cfg ChainConfig
+	who string // "chain ID", for errors
 	log hclog.Logger
 	st  *chainStore
 	fsm *fsm
@@ -260,7 +261,7 @@ func OpenChain(cfg ChainConfig) (*Chain, error) {
 		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
 	}
 	c := &Chain{
-		cfg: cfg, log: cfg.Logger.With("chain", cfg.ID, "node", cfg.NodeAddr), st: st, fsm: f, mux: cfg.Mux,
+		cfg: cfg, who: "chain " + cfg.ID, log: cfg.Logger.With("chain", cfg.ID, "node", cfg.NodeAddr), st: st, fsm: f, mux: cfg.Mux,
 		pushCh:   make(chan *pending, 4096),
 		inflight: make(chan struct{}, cfg.MaxInflight),
 		snapCh:   make(chan chainSnapJob, 1),

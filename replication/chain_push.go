@@ -3,7 +3,6 @@ package replication
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"time"
 )
 
@@ -23,37 +22,13 @@ import (
 // applied it may not be committed yet, and answering at once could
 // acknowledge a push that a head failure then loses.
 func (c *Chain) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
-	if p.Client == 0 || p.Seq == 0 {
-		return false, fmt.Errorf("chain %s: %w: client ID and seq must be non-zero", c.cfg.ID, ErrBadRequest)
-	}
-	if len(p.Keys) == 0 {
-		return false, fmt.Errorf("chain %s: %w: push with no keys", c.cfg.ID, ErrBadRequest)
-	}
-	if err := c.Table().Check(p.Keys, p.Grads); err != nil {
-		return false, fmt.Errorf("chain %s: %w", c.cfg.ID, err)
-	}
-	if size := p.encodedSize() + pushBatchHeaderMax + entryHeader; size > c.cfg.MaxEntryBytes {
-		return false, fmt.Errorf("chain %s: %w: push of %d keys is %d bytes, more than a log entry holds (%d)", c.cfg.ID, ErrBadRequest, len(p.Keys), size, c.cfg.MaxEntryBytes)
+	if err := checkPush(c.who, c.Table(), p, pushBatchHeaderMax+entryHeader, c.cfg.MaxEntryBytes); err != nil {
+		return false, err
 	}
 	if err := c.checkHead(); err != nil {
 		return false, err
 	}
-	pd := &pending{enc: appendPush(make([]byte, 0, p.encodedSize()), p), done: make(chan pushOutcome, 1)}
-	select {
-	case c.pushCh <- pd:
-	case <-ctx.Done():
-		return false, fmt.Errorf("chain %s: push not sent: %w", c.cfg.ID, ctx.Err())
-	case <-c.closed:
-		return false, c.closedErr()
-	}
-	select {
-	case o := <-pd.done:
-		return o.duplicate, o.err
-	case <-ctx.Done():
-		return false, fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ctx.Err())
-	case <-c.closed:
-		return false, fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ErrGroupClosed)
-	}
+	return submitPush(ctx, c.who, c.pushCh, c.closed, c.closedErr, p)
 }
 
 // checkHead returns nil if this replica is the head and healthy.

@@ -295,6 +295,7 @@ func (c GroupConfig) validate() error {
 // verifier goroutine. Close stops both and Raft.
 type Group struct {
 	cfg     GroupConfig
+	who     string // "group ID", for errors
 	replica *RaftReplica
 	raft    *raft.Raft
 	fsm     *fsm
@@ -342,7 +343,7 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 		return nil, err
 	}
 	g := &Group{
-		cfg: cfg, replica: rep, raft: rep.Raft, fsm: f,
+		cfg: cfg, who: "group " + cfg.ID, replica: rep, raft: rep.Raft, fsm: f,
 		pushCh:     make(chan *pending, 4096),
 		inflight:   make(chan struct{}, cfg.MaxInflight),
 		verifyKick: make(chan struct{}, 1),
@@ -475,37 +476,13 @@ func (g *Group) futureError(f raft.Future) error {
 // push was not logged; on ErrUnknownOutcome (or a context error) it may have
 // been: retry with the same (client, seq) either way.
 func (g *Group) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
-	if p.Client == 0 || p.Seq == 0 {
-		return false, fmt.Errorf("group %s: %w: client ID and seq must be non-zero", g.cfg.ID, ErrBadRequest)
-	}
-	if len(p.Keys) == 0 {
-		return false, fmt.Errorf("group %s: %w: push with no keys", g.cfg.ID, ErrBadRequest)
-	}
-	if err := g.Table().Check(p.Keys, p.Grads); err != nil {
-		return false, fmt.Errorf("group %s: %w", g.cfg.ID, err)
-	}
-	if size := p.encodedSize() + pushBatchHeaderMax; size > g.cfg.MaxEntryBytes {
-		return false, fmt.Errorf("group %s: %w: push of %d keys is %d bytes, more than a log entry holds (%d)", g.cfg.ID, ErrBadRequest, len(p.Keys), size, g.cfg.MaxEntryBytes)
+	if err := checkPush(g.who, g.Table(), p, pushBatchHeaderMax, g.cfg.MaxEntryBytes); err != nil {
+		return false, err
 	}
 	if g.raft.State() != raft.Leader {
 		return false, g.notLeader()
 	}
-	pd := &pending{enc: appendPush(make([]byte, 0, p.encodedSize()), p), done: make(chan pushOutcome, 1)}
-	select {
-	case g.pushCh <- pd:
-	case <-ctx.Done():
-		return false, fmt.Errorf("group %s: push not sent: %w", g.cfg.ID, ctx.Err())
-	case <-g.closed:
-		return false, g.closedErr()
-	}
-	select {
-	case o := <-pd.done:
-		return o.duplicate, o.err
-	case <-ctx.Done():
-		return false, fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, ctx.Err())
-	case <-g.closed:
-		return false, fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, ErrGroupClosed)
-	}
+	return submitPush(ctx, g.who, g.pushCh, g.closed, g.closedErr, p)
 }
 
 // batchLoop turns queued pushes into log entries: group commit. It waits for

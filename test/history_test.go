@@ -91,18 +91,8 @@ func TestHistoryCheckedThroughLeaderKills(t *testing.T) {
 		if err := history.WriteFile(path, ops); err != nil {
 			t.Fatal(err)
 		}
-		var pushes, pulls, unknown int
-		for _, op := range ops {
-			switch {
-			case op.Outcome == history.Unknown:
-				unknown++
-			case op.Outcome != history.OK:
-			case op.Kind == history.Push:
-				pushes++
-			default:
-				pulls++
-			}
-		}
+		n := history.Count(ops)
+		pushes, pulls, unknown := n.Pushes, n.Pulls, n.Unknown
 		t.Logf("%s: %d acknowledged pushes, %d pulls, %d unknown outcomes", tb.name, pushes, pulls, unknown)
 		if pushes < 50 || pulls < 50 {
 			t.Errorf("%s: only %d pushes and %d pulls completed", tb.name, pushes, pulls)

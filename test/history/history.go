@@ -284,3 +284,24 @@ func (r *Recorder) Ops() []Op {
 	}
 	return out
 }
+
+// Counts is how a history's operations ended: pushes and pulls completed,
+// and calls whose outcome is unknown.
+type Counts struct{ Pushes, Pulls, Unknown int }
+
+// Count tallies ops.
+func Count(ops []Op) Counts {
+	var c Counts
+	for _, op := range ops {
+		switch {
+		case op.Outcome == Unknown:
+			c.Unknown++
+		case op.Outcome != OK:
+		case op.Kind == Push:
+			c.Pushes++
+		default:
+			c.Pulls++
+		}
+	}
+	return c
+}

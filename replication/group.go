@@ -380,6 +380,12 @@ func (g *Group) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		close(g.closed)
+		// Close the transport first: raft's Shutdown waits for its
+		// replicators, and one waiting for a dead peer's connection
+		// (awaitReady) would otherwise hold it up to a second.
+		if t, ok := g.cfg.Transport.(*Transport); ok {
+			t.Close()
+		}
 		err = g.raft.Shutdown().Error()
 		g.wg.Wait()
 		if cerr := g.replica.Close(); err == nil {

@@ -242,10 +242,22 @@ func (m *Mux) lookupWait(ctx context.Context, group string) (*Transport, error) 
 // per groupWait rather than every few milliseconds, and so its backoff
 // (exponential per failure, see lookupWait) stays short for when the peer
 // returns. Waiting longer would hold up raft's Shutdown, which waits for
-// its replicators.
-func awaitReady(cc *grpc.ClientConn) {
+// its replicators; it ends at once when done (the group's transport) closes.
+func awaitReady(cc *grpc.ClientConn, done <-chan struct{}) {
+	if st := cc.GetState(); st == connectivity.Ready || st == connectivity.Shutdown {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), groupWait)
 	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-stop:
+		}
+	}()
 	for {
 		st := cc.GetState()
 		if st == connectivity.Ready || st == connectivity.Shutdown {
@@ -421,7 +433,7 @@ func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, ar
 		return t.sendHeartbeat(target, args, resp)
 	}
 	if cc, err := t.mux.Conn(target); err == nil {
-		awaitReady(cc)
+		awaitReady(cc, t.closed)
 	}
 	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.AppendEntries(ctx, r)

@@ -200,7 +200,17 @@ type Chain struct {
 	pred, succ  string
 	committed   uint64
 	commitFloor uint64 // lower bound on the chain's commit index; may exceed last
-	readyEpoch  uint64 // epoch in which the current predecessor's stream said hello
+	// syncedEpoch is the epoch in which the current predecessor's stream
+	// settled this replica's log: after its hello, the predecessor either
+	// confirmed the log matches its own (and resumed after its last entry)
+	// or replaced it with a snapshot. Until then (a new epoch, a restart)
+	// the log may hold entries the chain never committed (a removed head's
+	// leftovers), so a non-head counts nothing more as committed, serves no
+	// linearizable or CRAQ read and forwards nothing. Written under applyMu
+	// and mu. See syncedLocked.
+	syncedEpoch uint64
+	syncCh      chan struct{} // closed once syncedLocked holds in this epoch
+	sendGen     uint64        // counts senders started; acks of an older one are void
 	broken      error
 	waiting     []*headEntry // head: logged entries not yet committed, by index
 	mem         [][]byte     // entries memFirst.. last, for the sender
@@ -307,6 +317,7 @@ func (c *Chain) recover(m chainMeta) error {
 	c.epoch, c.order = m.epoch, m.order
 	c.epochIx.Store(m.epoch)
 	c.setRoleLocked()
+	c.resetSyncLocked()
 	var replayed [][]byte
 	err := c.st.replay(m.snapIndex, func(ix uint64, e []byte) error {
 		if len(e) < entryHeader {
@@ -327,7 +338,13 @@ func (c *Chain) recover(m chainMeta) error {
 	c.sinceSnap = c.last - c.snapIndex
 	c.mem, c.memFirst = replayed, m.snapIndex+1
 	c.committed = min(m.committed, c.last)
-	if c.role == RoleTail || (c.role == RoleHead && c.succ == "") {
+	// Only a chain of one commits its whole log at once: its log is the
+	// chain's. A recovered tail does not: its log may end in entries it had
+	// not been synced with (it may have been a removed head appended again
+	// and stopped before its predecessor's handshake), and the committed
+	// index recorded with its appends is a true one. It commits the rest
+	// once its predecessor's stream settles its log (markSyncedLocked).
+	if c.pred == "" && c.succ == "" && c.role == RoleHead {
 		c.committed = c.last
 	}
 	c.commitFloor = c.committed
@@ -351,7 +368,8 @@ func (c *Chain) Checksum() uint64 { return c.Table().Checksum() }
 func (c *Chain) AppliedIndex() uint64 { return c.fsm.appliedIx.Load() }
 
 // CommittedIndex returns the highest index this replica knows the tail has
-// applied.
+// applied. It only counts entries its predecessor's stream has confirmed (a
+// replica's leftover log counts only once the handshake has settled it).
 func (c *Chain) CommittedIndex() uint64 { return c.committedIx.Load() }
 
 // Epoch returns the epoch of the replica's configuration.
@@ -438,9 +456,12 @@ func (c *Chain) isClosed() bool {
 // which replaces whatever it applied.)
 //
 // Effects: a node not in order stops serving and fails its waiting pushes
-// with ErrUnknownOutcome (as does a head that is no longer head); a new tail
-// commits everything it has applied; every member with a successor opens a
-// new stream to it, in the new epoch, and resends what it lacks.
+// with ErrUnknownOutcome (as does a head that is no longer head); a chain of
+// one commits everything it has applied; any other member is unsynced until
+// its predecessor's stream of the new epoch settles its log (then a tail
+// commits everything it has applied); every member with a successor opens a
+// new stream to it, in the new epoch, once it is synced itself, and resends
+// what it lacks.
 func (c *Chain) SetConfig(epoch uint64, order []string) error {
 	if len(order) == 0 {
 		return fmt.Errorf("chain %s: %w: empty order", c.cfg.ID, ErrBadRequest)
@@ -478,6 +499,7 @@ func (c *Chain) SetConfig(epoch uint64, order []string) error {
 	c.epoch, c.order = epoch, order
 	c.epochIx.Store(epoch)
 	c.setRoleLocked()
+	c.resetSyncLocked()
 	c.log.Info("chain configuration", "epoch", epoch, "order", order, "role", c.role)
 	c.stopStreamsLocked()
 	if wasHead && c.role != RoleHead {
@@ -486,11 +508,48 @@ func (c *Chain) SetConfig(epoch uint64, order []string) error {
 	if c.role == RoleNone {
 		return nil
 	}
-	if c.succ == "" { // the tail: everything applied here is committed
+	if c.pred == "" && c.succ == "" { // a chain of one: its log is the chain's
 		c.commitLocked(c.last)
 	}
+	// Any other tail commits what it has applied only once its predecessor's
+	// stream has settled its log in this epoch (markSyncedLocked): before,
+	// its log may end in a removed head's entries that the chain replaced.
 	c.startSenderLocked()
 	return nil
+}
+
+// syncedLocked reports whether this replica's log is known to be a prefix of
+// its predecessor's in the current epoch: always for the head (its log is
+// the chain's), otherwise once the predecessor's stream of this epoch has
+// settled it (syncedEpoch). Caller holds applyMu or mu.
+func (c *Chain) syncedLocked() bool {
+	return c.pred == "" || c.syncedEpoch == c.epoch
+}
+
+// resetSyncLocked starts the sync state of a new configuration. Caller
+// holds applyMu and mu (or owns the Chain, in recover).
+func (c *Chain) resetSyncLocked() {
+	c.syncCh = make(chan struct{})
+	if c.syncedLocked() {
+		close(c.syncCh)
+	}
+}
+
+// markSyncedLocked records that the predecessor's stream of this epoch
+// settled the log: it matched the predecessor's (the stream resumes right
+// after its last entry) or was replaced by the predecessor's snapshot. The
+// log is then a prefix of the predecessor's, so a tail commits all of it,
+// and the sender, which waits for this, may feed the successor. Caller
+// holds applyMu and mu.
+func (c *Chain) markSyncedLocked() {
+	if c.syncedLocked() {
+		return
+	}
+	c.syncedEpoch = c.epoch
+	close(c.syncCh)
+	if c.succ == "" {
+		c.commitLocked(c.last)
+	}
 }
 
 // setRoleLocked derives role, pred and succ from order.
@@ -679,7 +738,9 @@ func (c *Chain) appendLocked(first uint64, entries [][]byte, head *headEntry) er
 	if err := c.st.append(first, entries, c.committedIx.Load()); err != nil {
 		return c.failStorage(fmt.Errorf("appending entries %d..%d: %w", first, first+uint64(len(entries))-1, err))
 	}
-	tail := c.succ == ""
+	// A tail commits what it applies only once synced (markSyncedLocked);
+	// entries only reach one after, but an unsynced tail must not commit.
+	tail := c.succ == "" && c.syncedLocked()
 	var res *batchResult
 	for i, e := range entries {
 		ix := first + uint64(i)

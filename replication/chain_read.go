@@ -12,8 +12,9 @@ type ReadMode uint8
 
 const (
 	// ReadLinearizable: only the tail answers, from what it has applied
-	// (everything applied at the tail is committed), while it is the tail of
-	// its current epoch and has caught up with its predecessor's commit index.
+	// (everything applied at a synced tail is committed), while it is the
+	// tail of its current epoch, its predecessor's stream has settled its log
+	// in this epoch and it has caught up with its predecessor's commit index.
 	ReadLinearizable ReadMode = iota
 	// ReadCRAQ: any member answers keys that are clean (no applied but
 	// uncommitted entry touches them) from its own state, and asks the tail
@@ -49,9 +50,10 @@ func (m ReadMode) String() string {
 // So a clean key's value here is that of the newest entry touching it that
 // this member applied, which is committed, and any later committed entry
 // touching it would have been applied here first and made it dirty. A member
-// that may lack committed entries (a new member, or one whose predecessor's
-// stream has not said hello in this epoch) is not "caught up" and sends the
-// whole read to the tail.
+// that may lack committed entries or hold uncommitted ones it cannot tell
+// apart (a new member, or one whose predecessor's stream has not settled its
+// log in this epoch) is not "caught up" and sends the whole read to the
+// tail.
 func (c *Chain) Pull(ctx context.Context, keys []uint64, out []float32, mode ReadMode) (uint64, error) {
 	if dim := c.cfg.Table.Dim; len(out) != len(keys)*dim {
 		return 0, fmt.Errorf("chain %s: %w: out holds %d values for %d keys of dim %d", c.cfg.ID, ErrBadRequest, len(out), len(keys), dim)
@@ -155,14 +157,18 @@ func (c *Chain) CaughtUp() bool {
 }
 
 // caughtUpLocked reports whether this member holds every committed entry
-// it can know of: the head always (every other member's log is a prefix of
-// its own); another member once its predecessor's stream has said hello in
-// this epoch and it has applied the commit floor that predecessor sent.
+// it can know of, and nothing else it would count as committed: the head
+// always (every other member's log is a prefix of its own); another member
+// once its predecessor's stream of this epoch has settled its log (said
+// hello, then matched it or replaced it with a snapshot: syncedLocked) and
+// it has applied the commit floor that predecessor sent. A hello alone is
+// not enough: until the handshake settles, the log may end in a removed
+// head's entries that the chain never committed.
 func (c *Chain) caughtUpLocked() bool {
 	if c.pred == "" {
 		return true
 	}
-	return c.readyEpoch == c.epoch && c.fsm.appliedIx.Load() >= c.commitFloor
+	return c.syncedLocked() && c.fsm.appliedIx.Load() >= c.commitFloor
 }
 
 // serveRead answers a member's read of dirty keys, if this replica is the

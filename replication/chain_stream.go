@@ -32,19 +32,29 @@ func (c *Chain) startSenderLocked() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.senderStop = cancel
-	epoch, succ := c.epoch, c.succ
+	c.sendGen++
+	epoch, succ, gen, synced := c.epoch, c.succ, c.sendGen, c.syncCh
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		c.sendLoop(ctx, epoch, succ)
+		c.sendLoop(ctx, gen, epoch, succ, synced)
 	}()
 }
 
 // sendLoop keeps a stream to succ open for epoch, reconnecting after
 // failures, until ctx ends (a new configuration, Close, a disk failure).
-func (c *Chain) sendLoop(ctx context.Context, epoch uint64, succ string) {
+//
+// It opens no stream before synced is closed (markSyncedLocked): an
+// unsynced member's log may hold entries the chain never committed, and a
+// successor fed from it would apply them and, as the tail, commit them.
+func (c *Chain) sendLoop(ctx context.Context, gen, epoch uint64, succ string, synced <-chan struct{}) {
+	select {
+	case <-synced:
+	case <-ctx.Done():
+		return
+	}
 	for {
-		err := c.replicateTo(ctx, epoch, succ)
+		err := c.replicateTo(ctx, gen, epoch, succ)
 		if ctx.Err() != nil {
 			return
 		}
@@ -60,7 +70,7 @@ func (c *Chain) sendLoop(ctx context.Context, epoch uint64, succ string) {
 // replicateTo runs one stream to succ: the handshake, a snapshot if the
 // successor needs one, then entries as they are appended, while a second
 // goroutine takes the successor's acks.
-func (c *Chain) replicateTo(ctx context.Context, epoch uint64, succ string) error {
+func (c *Chain) replicateTo(ctx context.Context, gen, epoch uint64, succ string) error {
 	cc, err := c.mux.conn(succ)
 	if err != nil {
 		return err
@@ -84,15 +94,23 @@ func (c *Chain) replicateTo(ctx context.Context, epoch uint64, succ string) erro
 	if !hello.Hello {
 		return fmt.Errorf("%s answered the hello without its state", succ)
 	}
-	c.onAck(epoch, hello.CommittedIndex)
+	c.onAck(gen, epoch, hello.CommittedIndex)
 	next, snapshot, err := c.resumePoint(hello.AppliedIndex, hello.AppliedEpoch)
 	if err != nil {
 		return err
 	}
+	if !snapshot {
+		// The successor's log matches this one up to its last entry: tell it
+		// so at once (entries may not follow soon), which lets it count its
+		// log as committed-by-the-chain (markSyncedLocked).
+		if err := stream.Send(&chainpb.Forward{Epoch: epoch, CommitFloor: c.floor(), FirstIndex: next}); err != nil {
+			return fmt.Errorf("resuming %s at %d: %w", succ, next, err)
+		}
+	}
 
 	acks := make(chan error, 1)
 	var wg sync.WaitGroup
-	wg.Go(func() { acks <- c.receiveAcks(stream, epoch, succ) })
+	wg.Go(func() { acks <- c.receiveAcks(stream, gen, epoch, succ) })
 	defer func() {
 		cancel() // ends the stream, so receiveAcks returns
 		wg.Wait()
@@ -134,7 +152,7 @@ func (c *Chain) replicateTo(ctx context.Context, epoch uint64, succ string) erro
 }
 
 // receiveAcks takes the successor's committed index until the stream ends.
-func (c *Chain) receiveAcks(stream grpc.BidiStreamingClient[chainpb.Forward, chainpb.Ack], epoch uint64, succ string) error {
+func (c *Chain) receiveAcks(stream grpc.BidiStreamingClient[chainpb.Forward, chainpb.Ack], gen, epoch uint64, succ string) error {
 	for {
 		a, err := stream.Recv()
 		if err != nil {
@@ -146,15 +164,18 @@ func (c *Chain) receiveAcks(stream grpc.BidiStreamingClient[chainpb.Forward, cha
 		if a.Epoch != epoch {
 			return fmt.Errorf("%s acked in epoch %d on a stream of epoch %d: %w", succ, a.Epoch, epoch, ErrStaleEpoch)
 		}
-		c.onAck(epoch, a.CommittedIndex)
+		c.onAck(gen, epoch, a.CommittedIndex)
 	}
 }
 
-// onAck records that the successor, in epoch, has committed ix.
-func (c *Chain) onAck(epoch, ix uint64) {
+// onAck records that the successor, in epoch, has committed ix, on the
+// stream of sender gen. Acks of an older sender (before a snapshot replaced
+// this log) speak of a log that is gone; and an unsynced member's log is not
+// known to be the chain's (its sender does not run then, so this is a guard).
+func (c *Chain) onAck(gen, epoch, ix uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if epoch != c.epoch || c.role == RoleNone {
+	if epoch != c.epoch || gen != c.sendGen || c.role == RoleNone || !c.syncedLocked() {
 		return
 	}
 	c.commitLocked(min(ix, c.fsm.appliedIx.Load()))
@@ -355,7 +376,8 @@ func (c *Chain) serveReplicate(stream grpc.BidiStreamingServer[chainpb.Forward, 
 	}
 	c.inbound[in] = struct{}{}
 	epoch := c.epoch
-	c.readyEpoch = epoch
+	// Not synced yet (unless it already was in this epoch): the hello only
+	// opens the handshake; the predecessor's next message settles it.
 	c.commitFloor = max(c.commitFloor, first.CommitFloor)
 	hello := &chainpb.Ack{Epoch: epoch, Hello: true, AppliedIndex: c.last, AppliedEpoch: c.lastEpoch, CommittedIndex: c.committed}
 	commitCh, sent := c.commitCh, c.committed
@@ -412,7 +434,11 @@ func (c *Chain) serveReplicate(stream grpc.BidiStreamingServer[chainpb.Forward, 
 }
 
 // receiveForwards applies what the predecessor sends until the stream ends.
+// The first message after the hello settles the handshake: a snapshot
+// (installSnapshot), or entries or an empty resume message from the index
+// after this replica's last entry (the predecessor matched the logs).
 func (c *Chain) receiveForwards(ctx context.Context, stream grpc.BidiStreamingServer[chainpb.Forward, chainpb.Ack], epoch uint64) error {
+	settled := false
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -421,11 +447,20 @@ func (c *Chain) receiveForwards(ctx context.Context, stream grpc.BidiStreamingSe
 		if msg.Epoch != epoch {
 			return fmt.Errorf("chain %s: %w: message of epoch %d on a stream of epoch %d", c.cfg.ID, ErrStaleEpoch, msg.Epoch, epoch)
 		}
+		if !settled && !msg.SnapshotStart && msg.FirstIndex > 0 {
+			if err := c.settle(ctx, epoch, msg.FirstIndex); err != nil {
+				return err
+			}
+		}
 		switch {
 		case msg.SnapshotStart:
 			err = c.installSnapshot(ctx, stream, msg, epoch)
-		case len(msg.Entries) > 0:
-			err = c.applyForwarded(ctx, epoch, msg.FirstIndex, msg.Entries)
+			settled = err == nil
+		case msg.FirstIndex > 0:
+			settled = true
+			if len(msg.Entries) > 0 {
+				err = c.applyForwarded(ctx, epoch, msg.FirstIndex, msg.Entries)
+			}
 		}
 		if err != nil {
 			return err
@@ -434,6 +469,27 @@ func (c *Chain) receiveForwards(ctx context.Context, stream grpc.BidiStreamingSe
 		c.commitFloor = max(c.commitFloor, msg.CommitFloor)
 		c.mu.Unlock()
 	}
+}
+
+// settle ends the handshake of a stream the predecessor resumes at first:
+// it matched this log's last entry, so first must follow it; the log is
+// then a prefix of the predecessor's (markSyncedLocked).
+func (c *Chain) settle(ctx context.Context, epoch, first uint64) error {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkPeerLocked(epoch); err != nil {
+		return err
+	}
+	if first != c.last+1 {
+		return fmt.Errorf("chain %s: %w: predecessor resumes at %d, the log ends at %d", c.cfg.ID, ErrBadRequest, first, c.last)
+	}
+	c.markSyncedLocked()
+	return nil
 }
 
 // applyForwarded persists and applies entries from the predecessor.
@@ -554,6 +610,8 @@ func (c *Chain) installSnapshot(ctx context.Context, stream grpc.BidiStreamingSe
 	if c.succ == "" {
 		c.commitLocked(ix)
 	}
+	// The log is now the predecessor's: synced (a tail commits it all).
+	c.markSyncedLocked()
 	// The successor was fed from the log just replaced: handshake again.
 	if c.senderStop != nil {
 		c.senderStop()

@@ -84,25 +84,36 @@
 // per epoch. Hello: the predecessor's group, address, epoch and commit
 // floor; the successor answers with its last applied index i and the epoch
 // entry i was created in. If the predecessor's log holds the same (i, epoch)
-// and the entries after it, it streams from i+1; otherwise (the successor is
-// new, behind the predecessor's compacted log, or holds entries the
-// predecessor lacks) it first streams a snapshot of its state (fsm snapshot:
-// index, dedupe record, table) in 1 MiB chunks, which replaces the
-// successor's state and log. Invariants: only the head of an epoch creates
-// entries, so (index, creation epoch) names one entry; entries enter a log
-// only in order after a matched handshake or a snapshot, so equal (index,
-// epoch) means equal logs up to there; and so, while the meta group keeps
-// surviving members in order and appends new ones at the tail, every member's
-// log is a prefix of its predecessor's. Hence an entry the tail applied is
-// on every member, a removed tail's successor role goes to a member holding
-// all it had, and a new tail can commit everything it applied.
+// and the entries after it, it sends a resume message (first index i+1, no
+// entries) and streams from i+1; otherwise (the successor is new, behind the
+// predecessor's compacted log, or holds entries the predecessor lacks) it
+// first streams a snapshot of its state (fsm snapshot: index, dedupe record,
+// table) in 1 MiB chunks, which replaces the successor's state and log. The
+// resume message or the installed snapshot settles the handshake: the
+// successor is then synced in this epoch, its log a prefix of its
+// predecessor's. Until then (after a new epoch or a restart) a non-head
+// member's log may end in entries the chain never committed, e.g. a removed
+// head's leftovers when it is appended again, so it counts nothing more as
+// committed (a tail does not commit what it applied, and recovery only
+// trusts the committed index recorded with the appends), acks nothing new,
+// serves no ReadLinearizable or ReadCRAQ read nor another member's Read, and
+// opens no stream to its own successor. Invariants: only the head of an
+// epoch creates entries, so (index, creation epoch) names one entry; entries
+// enter a log only in order after a matched handshake or a snapshot, so
+// equal (index, epoch) means equal logs up to there; and so, while the meta
+// group keeps surviving members in order and appends new ones at the tail,
+// every member's log is a prefix of its predecessor's once synced. Hence an
+// entry a synced tail applied is on every member, a removed tail's successor
+// role goes to a member holding all it had, and a new tail, once synced, can
+// commit everything it applied.
 //
 // Reads (Chain.Pull): ReadLinearizable at the tail only, once its
-// predecessor's hello in this epoch has arrived and it has applied the
-// commit floor that predecessor reported (a new member serves nothing
-// stale); ReadCRAQ anywhere: keys no applied-but-uncommitted entry touches
-// come from local state, the others from the tail (Read RPC, checked against
-// the tail's epoch); ReadAny: local state plus the committed index.
+// predecessor's stream of this epoch has settled its log (synced) and it has
+// applied the commit floor that predecessor reported (a new or rejoined
+// member serves nothing stale or uncommitted); ReadCRAQ anywhere: keys no
+// applied-but-uncommitted entry touches come from local state, the others
+// from the tail (Read RPC, checked against the tail's epoch); ReadAny: local
+// state plus the committed index.
 //
 // Storage (Dir): chain.db holds the log (index → entry), epoch, order,
 // committed index and the current snapshot's index; snapshot-<index> files
@@ -114,8 +125,8 @@
 //
 // Goroutines of a Chain, all ended by Close (or by SetConfig, for the
 // stream ones): the batcher (head: queued pushes to entries); the snapshot
-// writer; a sender per epoch with a successor, with an ack reader per
-// stream; per inbound stream, the gRPC handler (which sends acks) and a
+// writer; a sender per epoch with a successor (it waits until its member is
+// synced), with an ack reader per stream; per inbound stream, the gRPC handler (which sends acks) and a
 // receiver that persists and applies what arrives. Locks, in the order they
 // nest: snapMu (writing or installing snapshots), applyMu (log appends,
 // applies, snapshots taken, installs, configuration changes: it is what

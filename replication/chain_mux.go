@@ -68,7 +68,8 @@ func NewChainMux(cfg ChainMuxConfig) (*ChainMux, error) {
 		grpc.MaxCallRecvMsgSize(MaxChainMessageBytes), grpc.MaxCallSendMsgSize(MaxChainMessageBytes)),
 		// A successor stopped or cut off without a TCP reset would otherwise
 		// leave the forwarding stream blocked on flow control for ever.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}))
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
+		peerConnectParams)
 	return &ChainMux{cfg: cfg, chains: map[string]*Chain{}, conns: map[string]*grpc.ClientConn{}}, nil
 }
 

@@ -162,14 +162,17 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		// otherwise leave a pipeline stream blocked in Send on flow control,
 		// and raft's Shutdown waits for its replication goroutines.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
-		// gRPC's defaults (20 s connect timeout, backoff to 2 min) suit
-		// clients of a remote service; a peer that restarts is back within
-		// seconds, and every second it is not redialled is a second its
-		// replicas hear from no leader.
-		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
-			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
+		peerConnectParams)
 	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, added: make(chan struct{}), conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
 }
+
+// peerConnectParams redial a peer within a second. gRPC's defaults (20 s
+// connect timeout, backoff to 2 min) suit clients of a remote service; a
+// peer that restarts, or a partition that heals, is back within seconds,
+// and every second it is not redialled is a second its replicas hear from
+// no leader (Raft) or its chain stalls (chain).
+var peerConnectParams = grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+	Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}})
 
 // keepaliveTime is how often an idle connection to a peer is pinged, and how
 // long a ping may go unanswered before the connection is closed.

@@ -52,24 +52,30 @@ func ExpeditedElections() int64 { return expedited.Load() }
 // one. It does nothing for a replica whose transport is not a Mux's. Call it
 // often (every tenth of the heartbeat timeout, say); it is cheap.
 func (g *Group) ExpediteElection(silence time.Duration) (bool, error) {
-	t, ok := g.cfg.Transport.(*Transport)
+	return g.replica.ExpediteElection(silence)
+}
+
+// ExpediteElection is Group.ExpediteElection for any Raft replica (the
+// metadata group's too).
+func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
+	t, ok := r.cfg.Transport.(*Transport)
 	if !ok || silence <= 0 {
 		return false, nil
 	}
-	if g.raft.State() != raft.Follower {
+	if r.Raft.State() != raft.Follower {
 		return false, nil
 	}
-	leaderAddr, leaderID := g.raft.LeaderWithID()
+	leaderAddr, leaderID := r.Raft.LeaderWithID()
 	if leaderAddr == "" {
 		// No leader known: a fresh replica that has not heard one yet, or
 		// an election under way. Raft's own timer covers both.
 		return false, nil
 	}
-	last := g.raft.LastContact()
+	last := r.Raft.LastContact()
 	if last.IsZero() {
 		return false, nil
 	}
-	rank, voter := g.voterRank(leaderID)
+	rank, voter := r.voterRank(leaderID)
 	if !voter {
 		return false, nil
 	}
@@ -81,13 +87,13 @@ func (g *Group) ExpediteElection(silence time.Duration) (bool, error) {
 	if heard, ok := t.mux.LastHeard(leaderAddr); ok && now.Sub(heard) < wait {
 		return false, nil
 	}
-	term := g.raft.CurrentTerm()
-	if g.expeditedTerm.Load() >= term {
+	term := r.Raft.CurrentTerm()
+	if r.expeditedTerm.Load() >= term {
 		// Once per term: if this election fails, raft's timers go on.
 		return false, nil
 	}
-	g.expeditedTerm.Store(term)
-	g.cfg.Logger.Info("leader's node silent; starting an election now", "group", g.cfg.ID,
+	r.expeditedTerm.Store(term)
+	r.cfg.Logger.Info("leader's node silent; starting an election now", "group", r.cfg.ID,
 		"leader", leaderAddr, "silent", now.Sub(last).Round(time.Millisecond), "term", term)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -95,8 +101,8 @@ func (g *Group) ExpediteElection(silence time.Duration) (bool, error) {
 	// then make a leader campaign again. The window is a few instructions
 	// of raft's main loop, and the worst outcome is one more election.
 	if _, err := t.dispatch(ctx, &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
-		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(g.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
-		return false, fmt.Errorf("group %s: starting an election: %w", g.cfg.ID, err)
+		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(r.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
+		return false, fmt.Errorf("group %s: starting an election: %w", r.cfg.ID, err)
 	}
 	expedited.Add(1)
 	return true, nil
@@ -104,8 +110,8 @@ func (g *Group) ExpediteElection(silence time.Duration) (bool, error) {
 
 // voterRank is this replica's position among the group's voters other than
 // leader, ordered by ID, and whether it is a voter at all.
-func (g *Group) voterRank(leader raft.ServerID) (int, bool) {
-	f := g.raft.GetConfiguration()
+func (r *RaftReplica) voterRank(leader raft.ServerID) (int, bool) {
+	f := r.Raft.GetConfiguration()
 	if f.Error() != nil {
 		return 0, false
 	}
@@ -116,7 +122,7 @@ func (g *Group) voterRank(leader raft.ServerID) (int, bool) {
 			continue
 		}
 		ids = append(ids, s.ID)
-		if s.ID == g.cfg.NodeID {
+		if s.ID == r.cfg.NodeID {
 			self = true
 		}
 	}
@@ -124,5 +130,5 @@ func (g *Group) voterRank(leader raft.ServerID) (int, bool) {
 		return 0, false
 	}
 	slices.Sort(ids)
-	return slices.Index(ids, g.cfg.NodeID), true
+	return slices.Index(ids, r.cfg.NodeID), true
 }

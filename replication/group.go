@@ -125,8 +125,13 @@ func (c RaftConfig) validate() error {
 // RaftReplica is a running Raft instance with its durable stores.
 type RaftReplica struct {
 	Raft  *raft.Raft
+	cfg   RaftConfig
 	logs  *raftboltdb.BoltStore
 	snaps *raft.FileSnapshotStore
+
+	// expeditedTerm is the last term in which ExpediteElection started an
+	// election here.
+	expeditedTerm atomic.Uint64
 }
 
 // logCacheEntries is how many recent log entries each replica keeps in memory
@@ -212,7 +217,7 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 			return fail(fmt.Errorf("bootstrap: %w", err))
 		}
 	}
-	return &RaftReplica{Raft: r, logs: logs, snaps: snaps}, nil
+	return &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}, nil
 }
 
 // FirstLogIndex returns the first index in the log (it grows as snapshots
@@ -302,10 +307,6 @@ type Group struct {
 
 	pushCh   chan *pending
 	inflight chan struct{} // a token per uncommitted entry
-
-	// expeditedTerm is the last term in which ExpediteElection started an
-	// election here.
-	expeditedTerm atomic.Uint64
 
 	// readyTerm is the term in which this replica, as leader, has applied
 	// everything committed before its term (a Barrier completed); 0 if none.

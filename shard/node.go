@@ -327,8 +327,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-// expediteLoop checks every shard replica on this node for a silent leader
-// a tenth of a heartbeat timeout apart: one ticker for all groups.
+// expediteLoop checks every shard replica on this node, and its metadata
+// replica, for a silent leader a tenth of a heartbeat timeout apart: one
+// ticker for all groups. The metadata group's failover matters to chain
+// tables above all: their members are removed, and their reads confirmed,
+// by its leader.
 func (n *Node) expediteLoop() {
 	silence := n.cfg.ExpediteElection
 	hb := n.cfg.Raft.HeartbeatTimeout
@@ -360,6 +363,9 @@ func (n *Node) expediteLoop() {
 			if _, err := g.ExpediteElection(silence); err != nil {
 				n.log.Warn("expedited election", "error", err)
 			}
+		}
+		if _, err := n.meta.ExpediteElection(silence); err != nil {
+			n.log.Warn("expedited election", "error", err)
 		}
 	}
 }

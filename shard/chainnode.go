@@ -88,52 +88,9 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 	if !ok {
 		return
 	}
-	if staleLog(ch.Order(), order, n.cfg.Addr) {
-		// Removed and appended again since the configuration it recovered
-		// (a restart, or epochs this loop did not see): its log may hold
-		// entries the chain dropped. Start it empty; its predecessor
-		// resends everything. Its data is a copy: the members before it
-		// hold all it could have that was committed.
-		n.closeChain(id, true)
-		cfg, err := tableConfig(spec)
-		if err == nil {
-			ch, err = n.openChain(id, cfg)
-		}
-		if err != nil {
-			n.log.Error("reopening chain replica empty", "group", id, "error", err)
-			return
-		}
-		n.log.Info("chain replica appended again: restarted empty", "group", id, "epoch", sm.Epoch)
-	}
 	if err := ch.SetConfig(sm.Epoch, order); err != nil {
 		n.log.Warn("configuring chain replica", "group", id, "epoch", sm.Epoch, "order", order, "error", err)
 	}
-}
-
-// staleLog reports whether a replica at self whose last configuration had
-// order old cannot trust its log under order new. Members ahead of a node
-// only ever leave while it stays (new ones are appended behind it), so while
-// it stays a member its log remains a prefix of its predecessor's. A member
-// ahead of it now that was not ahead of it then means it was removed and
-// appended again; a replica whose last configuration left it out was
-// removed. Either way its log may hold entries of an old head that never
-// reached the others, and before its predecessor's snapshot replaced them it
-// would serve them (as the tail, from its own state) and commit them.
-func staleLog(old, new []string, self string) bool {
-	if len(old) == 0 {
-		return false // never configured: empty
-	}
-	j := slices.Index(old, self)
-	i := slices.Index(new, self)
-	if j < 0 {
-		return true
-	}
-	for _, m := range new[:max(i, 0)] {
-		if !slices.Contains(old[:j], m) {
-			return true
-		}
-	}
-	return false
 }
 
 func (n *Node) openChain(id string, cfg store.TableConfig) (*replication.Chain, error) {

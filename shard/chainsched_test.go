@@ -104,31 +104,3 @@ func TestChainStepKeepsPrefixOrder(t *testing.T) {
 		}
 	}
 }
-
-func TestStaleLog(t *testing.T) {
-	l := strings.Fields
-	for _, c := range []struct {
-		old, new string
-		want     bool
-	}{
-		{"", "a b x", false},            // never configured
-		{"a x c", "a x c", false},       // same
-		{"a x c", "a x", false},         // the tail left: x is tail, its log still a prefix of a's
-		{"a b x", "b x", false},         // the head left
-		{"a x", "a x", false},           // removed and appended again behind the same member: still a prefix
-		{"a b x", "b x", false},         // ahead of it only removals
-		{"x b c", "b c x", true},        // the old head appended again: b and c were behind it
-		{"a x c", "a c x", true},        // the middle appended again behind c
-		{"a b", "a b x", true},          // its last configuration left it out
-		{"a b x", "a b x c", false},     // one appended behind it
-		{"x b c", "x b c d", false},     // still head
-		{"a x c d", "a c d x e", true},  // appended again, then another behind it
-		{"a b x", "b a x", false},       // (never made) both were ahead: its log is a prefix of both
-		{"a b x c", "x c", false},       // all ahead of it left: it is head
-		{"a b x c", "b x c e f", false}, // removals ahead, appends behind
-	} {
-		if got := staleLog(l(c.old), l(c.new), "x"); got != c.want {
-			t.Errorf("staleLog(%q → %q) = %v, want %v", c.old, c.new, got, c.want)
-		}
-	}
-}

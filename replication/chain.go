@@ -588,6 +588,13 @@ func (c *Chain) stopStreamsLocked() {
 	}
 }
 
+// Fail stops the replica as a storage failure does (ErrReplicaBroken, with
+// cause): it accepts, serves and forwards nothing more, and fails the
+// pushes it has waiting as outcome-unknown. Fault-injection tests use it to
+// fail a disk on cue; the node reports a broken replica to the metadata
+// group, which removes it from the chain.
+func (c *Chain) Fail(cause error) error { return c.failStorage(cause) }
+
 // failStorage records a storage failure: from now on the replica accepts
 // nothing. It returns the error to report.
 func (c *Chain) failStorage(err error) error {

@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
@@ -177,13 +179,15 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 
 // chainPull serves a pull of a chain shard at level, on any member:
 //
-//   - linearizable: ReadCRAQ. A clean key's value is that of its newest
-//     committed entry (replication.Chain.Pull argues why), and a dirty key
-//     is read at the tail, so every read sees every push acknowledged before
-//     it began and nothing a later read could miss: linearizable.
-//   - bounded(δ): ReadCRAQ as well. It is linearizable, so never older than
-//     any bound, and costs no more than a bounded read on a clean key; a
-//     chain member has no read lease to prove an older state recent.
+//   - linearizable: the member confirms with the metadata leader that its
+//     epoch is current (chainconfirm.go), then ReadCRAQ. A clean key's value
+//     is that of its newest committed entry (replication.Chain.Pull argues
+//     why), and a dirty key is read at the tail, so every read sees every
+//     push acknowledged before it began and nothing a later read could
+//     miss: linearizable.
+//   - bounded(δ): ReadCRAQ after an epoch confirmation sent less than δ
+//     ago, which most reads find already made: the member held every push
+//     acknowledged before that confirmation was sent.
 //   - eventual: ReadAny, what this member has applied. A member serves only
 //     while it is in the order of its current epoch, and a removed member is
 //     told so by its next SetConfig, so a replica cut off from its chain for
@@ -192,18 +196,27 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 //
 // Errors other than a bad request are retryable (reads change nothing): the
 // tail a CRAQ read asked may have just been replaced.
-func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PullRequest, keys []uint64, level shardpb.Consistency) (*shardpb.PullResponse, error) {
+func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PullRequest, keys []uint64, level shardpb.Consistency, bound time.Duration) (*shardpb.PullResponse, error) {
 	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	mode := replication.ReadCRAQ
-	if level == shardpb.Consistency_CONSISTENCY_EVENTUAL {
-		mode = replication.ReadAny
-	}
 	role := roleFollower
 	if ch.Role() == replication.RoleTail {
 		role = roleLeader // the tail answers from its own state, as a leader does
+	}
+	mode := replication.ReadCRAQ
+	switch level {
+	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		mode = replication.ReadAny
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		err = s.n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), bound)
+	default:
+		err = s.n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), 0)
+	}
+	if err != nil {
+		s.n.served.refused(role, level)
+		return nil, toStatus(err)
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
 	ix, err := ch.Pull(ctx, keys, out, mode)
@@ -314,4 +327,114 @@ func (n *Node) statusOf(ctx context.Context, addr string) (*shardpb.StatusRespon
 		return nil, err
 	}
 	return ps.Status(ctx, &shardpb.StatusRequest{})
+}
+
+// Broken chain replicas.
+//
+// A replica whose disk failed (replication.ErrReplicaBroken) stops, but its
+// node lives on: gossip and the metadata leader's silence check see nothing
+// wrong, and the chain would stall for good. So the node reports each such
+// replica to the metadata leader every reconcile round while the map still
+// lists it there (reportBrokenChains); the leader keeps the reports in
+// memory for brokenReportTTL (a new leader hears them again within a round)
+// and its scheduler removes the member (chainDead) and gives the node no new
+// replica for addCooldown.
+
+// brokenReportTTL is how long a report counts without being repeated.
+const brokenReportTTL = 3 * reconcileInterval
+
+// brokenReports is the metadata leader's record of broken chain replicas.
+// Concurrency: mu guards at.
+type brokenReports struct {
+	mu sync.Mutex
+	at map[string]time.Time // "group\x00node" -> last report
+}
+
+func (b *brokenReports) add(group, node string, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at == nil {
+		b.at = map[string]time.Time{}
+	}
+	b.at[group+"\x00"+node] = now
+}
+
+// has reports whether node reported its replica of group broken less than
+// brokenReportTTL before now, and forgets stale reports.
+func (b *brokenReports) has(group, node string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := group + "\x00" + node
+	t, ok := b.at[k]
+	if ok && now.Sub(t) > brokenReportTTL {
+		delete(b.at, k)
+		return false
+	}
+	return ok
+}
+
+// ReportBroken records a node's report of a broken chain replica (see
+// brokenReports); only the metadata leader takes it.
+func (s *service) ReportBroken(ctx context.Context, req *shardpb.ReportBrokenRequest) (*shardpb.ReportBrokenResponse, error) {
+	if req.NodeId == "" || req.Group == "" {
+		return nil, toStatus(fmt.Errorf("%w: report of a broken replica needs node_id and group", ErrBadRequest))
+	}
+	if err := s.n.takeBrokenReport(req); err != nil {
+		return nil, toStatus(err)
+	}
+	return &shardpb.ReportBrokenResponse{}, nil
+}
+
+func (n *Node) takeBrokenReport(req *shardpb.ReportBrokenRequest) error {
+	if n.meta.Raft.State() != raft.Leader {
+		addr, id := n.meta.Raft.LeaderWithID()
+		return &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
+	}
+	if sm := n.metaFSM.shardMapByID(req.Group); sm == nil || !slices.Contains(sm.Replicas, req.NodeId) {
+		return nil // removed already, or never there: nothing to do
+	}
+	if !n.broken.has(req.Group, req.NodeId, time.Now()) {
+		n.log.Warn("chain replica reported broken; removing it from the chain", "group", req.Group, "node", req.NodeId, "epoch", req.Epoch, "reason", req.Reason)
+	}
+	n.broken.add(req.Group, req.NodeId, time.Now())
+	return nil
+}
+
+// reportBrokenChains reports this node's broken chain replicas that the map
+// still lists here to the metadata leader.
+func (n *Node) reportBrokenChains() {
+	n.mu.RLock()
+	var reports []*shardpb.ReportBrokenRequest
+	for id, ch := range n.chains {
+		if err := ch.Err(); err != nil {
+			reports = append(reports, &shardpb.ReportBrokenRequest{NodeId: n.cfg.ID, Group: id, Epoch: ch.Epoch(), Reason: err.Error()})
+		}
+	}
+	n.mu.RUnlock()
+	for _, r := range reports {
+		if sm := n.metaFSM.shardMapByID(r.Group); sm == nil || !slices.Contains(sm.Replicas, n.cfg.ID) {
+			continue // reconcile closes and deletes it
+		}
+		if err := n.sendBrokenReport(r); err != nil {
+			n.log.Warn("reporting a broken chain replica to the metadata leader", "group", r.Group, "error", err)
+		}
+	}
+}
+
+func (n *Node) sendBrokenReport(r *shardpb.ReportBrokenRequest) error {
+	addr, _ := n.meta.Raft.LeaderWithID()
+	switch addr {
+	case "":
+		return errors.New("no metadata leader is known")
+	case raft.ServerAddress(n.cfg.Addr):
+		return n.takeBrokenReport(r)
+	}
+	ps, err := n.peerStub(string(addr))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = ps.ReportBroken(ctx, r)
+	return err
 }

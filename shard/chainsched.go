@@ -33,7 +33,9 @@ import (
 //
 // A chain stalls while any member is down (its pushes cannot reach the
 // tail), unlike a Raft group, which only needs a majority: so a member is
-// removed as soon as gossip declares it dead, not after the repair grace;
+// removed as soon as the metadata leader has not heard from it for the chain
+// silence (scheduler.silentNodes) or gossip declares it dead, not after the
+// repair grace;
 // the grace only decides, as for Raft tables, whether it may come back
 // (Place keeps it in the target) or is replaced by another node. The last
 // live member is never removed. A node restarted within the grace is
@@ -69,10 +71,11 @@ func chainStep(order, target []string, dead, canAdd func(id string) bool) []stri
 	return nil
 }
 
-// chainDead: gossip has declared the node dead (however briefly), or it
-// failed (removed, unknown).
+// chainDead: this metadata leader has not heard from the node for the
+// chain silence, gossip has declared it dead (however briefly), or it failed
+// (removed, unknown).
 func (v *view) chainDead(id string) bool {
-	if v.failed(id) {
+	if v.failed(id) || v.silent[id] {
 		return true
 	}
 	m, ok := v.member[id]
@@ -89,7 +92,17 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 		sc.mu.Unlock()
 		return v.alive(id) && !cooling && *adds < sc.n.cfg.MaxMoves
 	}
-	next := chainStep(sm.Replicas, target, v.chainDead, canAdd)
+	group := shardMapKey(sm)
+	dead := func(id string) bool {
+		if sc.n.broken.has(group, id, v.now) {
+			sc.mu.Lock()
+			sc.cooldown[id] = v.now.Add(addCooldown) // its disk may fail again
+			sc.mu.Unlock()
+			return true
+		}
+		return v.chainDead(id)
+	}
+	next := chainStep(sm.Replicas, target, dead, canAdd)
 	if next == nil && sm.Adding == "" {
 		return
 	}

@@ -246,6 +246,13 @@ func (m *metaFSM) shardMap(table string, shard uint32) *shardpb.ShardMap {
 	return m.shards[groupID(table, shard)]
 }
 
+// shardMapByID returns the entry of the shard whose group ID is id, or nil.
+func (m *metaFSM) shardMapByID(id string) *shardpb.ShardMap {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.shards[id]
+}
+
 // node returns a node's entry (not to be modified) or nil.
 func (m *metaFSM) node(id string) *shardpb.ClusterNode {
 	m.mu.RLock()

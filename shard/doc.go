@@ -23,14 +23,18 @@
 //     order is the map entry's replica list, head first, and its epoch the
 //     entry's epoch; the scheduler changes it only by removing a member
 //     (survivors keep their order) or appending one at the tail, one change
-//     per epoch, and removes a member as soon as gossip declares it dead
-//     (chainsched.go). Reconcile opens the chain replicas the map places on
+//     per epoch, and removes a member as soon as the metadata leader has not
+//     heard from its node for the chain silence, gossip declares it dead, or
+//     its node reports it broken (chainsched.go, scheduler.silentNodes,
+//     ReportBroken). Reconcile opens the chain replicas the map places on
 //     the node (under DataDir/chains), hands each SetConfig(epoch, member
 //     addresses) when its entry changes, and closes and deletes one the map
 //     moves away (chainnode.go). Pushes go to the head (elsewhere refused
 //     with a NotLeader detail naming the head); pulls are served by any
-//     member: linearizable and bounded by CRAQ, eventual from local state.
-//     Status reports each chain replica's role, epoch, order and checksum.
+//     member: linearizable and bounded by CRAQ after the member confirms
+//     its epoch with the metadata leader (chainconfirm.go), eventual from
+//     local state. Status reports each chain replica's role, epoch, order
+//     and checksum.
 //   - Every node's reconcile loop (reconcile.go): registers the node in the
 //     map, opens and closes replicas as the map says, deletes moved-away
 //     data once the group's leader confirms, and hands leadership to each
@@ -102,4 +106,9 @@
 // replica's rows have their own mutexes, taken after hot.mu when both are. hotLoop is the only goroutine that closes windows; each read
 // replica has one refresh goroutine, stopped by closing its stop channel
 // under hot.mu. Served counters are atomics.
+//
+// Chain epoch confirmations and metadata barriers go through coalescers
+// (chainconfirm.go): at most one run in flight each, on a goroutine started
+// with Node.spawn; callers that arrive during a run share the next. The
+// metadata leader's broken-replica reports are under brokenReports.mu.
 package shard

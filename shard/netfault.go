@@ -126,6 +126,18 @@ func (c *faultConn) Close() error {
 	return c.Conn.Close()
 }
 
+// BlockPeers makes this node treat the peers at addrs (gRPC or gossip
+// addresses) as unreachable, replacing the set it had; none unblocks every
+// peer. In-process tests partition a cluster with it as raftps chaos does
+// through /debug/netfault. It needs NodeConfig.FaultInjection.
+func (n *Node) BlockPeers(addrs ...string) error {
+	if n.fault == nil {
+		return fmt.Errorf("node %s: %w: started without fault injection", n.cfg.ID, ErrBadRequest)
+	}
+	n.fault.set(addrs)
+	return nil
+}
+
 // serveHTTP: GET shows the blocked set; POST with block=ADDR,ADDR,...
 // (empty: none) replaces it.
 func (f *netFault) serveHTTP(w http.ResponseWriter, r *http.Request) {

@@ -63,6 +63,13 @@ type NodeConfig struct {
 	// raft's randomised timer (replication.Group.ExpediteElection). Zero
 	// means the Raft heartbeat timeout; negative turns it off.
 	ExpediteElection time.Duration
+	// ChainSilence is how long the metadata leader may go without a message
+	// from a node before it removes the node from every chain (a chain
+	// stalls while any member is down). Zero means twice the Raft heartbeat
+	// timeout, at least 500 ms (a removal costs a catch-up when the node is
+	// appended again, so a moment's starvation should not cause one);
+	// negative leaves removals to gossip alone.
+	ChainSilence time.Duration
 	// MaxMessageBytes caps a client API message (default 64 MiB); larger
 	// requests are refused with ResourceExhausted. Raft traffic on the same
 	// port has its own, larger limit (replication.MaxRaftMessageBytes).
@@ -156,6 +163,12 @@ type Node struct {
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
+	// metaBarriers coalesces the metadata leader's barriers; confirmer a
+	// chain member's epoch questions to it (chainconfirm.go).
+	metaBarriers coalescer[struct{}, struct{}]
+	confirmer    *chainConfirmer
+	// broken: as metadata leader, the chain replicas nodes reported broken.
+	broken brokenReports
 	// chains: this node's replicas of chain shards, by groupID (chainnode.go).
 	chains map[string]*replication.Chain
 	// retired: groups this node closed because the map moved them away;
@@ -224,6 +237,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		closed: make(chan struct{}),
 	}
 	n.hot.init()
+	n.metaBarriers.fn = n.runMetaBarrier
+	n.confirmer = newChainConfirmer(n)
 	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")}
 	if cfg.FaultInjection {
 		n.fault = newNetFault()
@@ -325,6 +340,18 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.log.Error("RAFTPS_TEST_BREAK is set: this node has a deliberate bug, for testing the chaos checkers only", "break", testBreak)
 	}
 	return n, nil
+}
+
+// chainSilence is NodeConfig.ChainSilence with its default applied.
+func (n *Node) chainSilence() time.Duration {
+	if s := n.cfg.ChainSilence; s != 0 {
+		return s
+	}
+	hb := n.cfg.Raft.HeartbeatTimeout
+	if hb <= 0 {
+		hb = replication.DefaultRaftConfig().HeartbeatTimeout
+	}
+	return max(2*hb, 500*time.Millisecond)
 }
 
 // expediteLoop checks every shard replica on this node, and its metadata

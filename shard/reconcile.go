@@ -63,6 +63,7 @@ func (n *Node) reconcileLoop() {
 		}
 		n.members.setKnown(known)
 		n.reconcileGroups(cm)
+		n.reportBrokenChains()
 		n.balanceLeaders(cm)
 		n.repairDrift(cm)
 		n.gcRetired(cm)

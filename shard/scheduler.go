@@ -66,6 +66,10 @@ type scheduler struct {
 	// replicas until cooldown[node].
 	failures map[string]int
 	cooldown map[string]time.Time
+	// leaderSince is when this node's current term as metadata leader
+	// began; lastRound when the last round ran. Both are read and written
+	// by run's goroutine only.
+	leaderSince, lastRound time.Time
 }
 
 const (
@@ -102,6 +106,7 @@ func (n *Node) schedulerLoop() {
 		}
 		if term.cancel == nil {
 			term.ctx, term.cancel = context.WithCancel(context.Background())
+			sc.leaderSince = time.Now()
 		}
 		sc.round(term.ctx)
 	}
@@ -111,6 +116,9 @@ func (n *Node) schedulerLoop() {
 type view struct {
 	nodes  map[string]*shardpb.ClusterNode
 	member map[string]MemberInfo
+	// silent: nodes this metadata leader has not heard from for the chain
+	// silence (see silentNodes).
+	silent map[string]bool
 	grace  time.Duration
 	now    time.Time
 }
@@ -120,7 +128,44 @@ func (sc *scheduler) newView(cm *shardpb.ClusterMap) *view {
 	for _, nd := range cm.Nodes {
 		v.nodes[nd.Id] = nd
 	}
+	v.silent = sc.silentNodes(cm, v.now)
+	sc.lastRound = v.now
 	return v
+}
+
+// silentNodes returns the nodes this metadata leader has not heard from
+// for the chain silence (NodeConfig.ChainSilence), by its transport's
+// record of the last message from each (replication.Mux.LastHeard). The
+// leader heartbeats every node of the metadata group, voters and
+// non-voters, ten times per heartbeat timeout, and hears each answer: a
+// silent node is dead, paused or cut off from it. Gossip takes seconds to
+// say as much, and a chain stalls while any member is down, so the
+// scheduler removes silent chain members at once (chainDead); Raft groups,
+// which only need a majority, still wait for gossip.
+//
+// Its own gaps are not others' silence: nothing is silent until this node
+// has led for the silence (a new leader heartbeats every node at once, and a
+// live one answers well within it), nor in a round that follows the last one
+// late (this process was paused, or starved).
+func (sc *scheduler) silentNodes(cm *shardpb.ClusterMap, now time.Time) map[string]bool {
+	n := sc.n
+	s := n.chainSilence()
+	if s <= 0 || now.Sub(sc.leaderSince) < s || sc.lastRound.IsZero() || now.Sub(sc.lastRound) > 2*schedulerInterval {
+		return nil
+	}
+	var out map[string]bool
+	for _, nd := range cm.Nodes {
+		if nd.Id == n.cfg.ID || nd.Admin == shardpb.NodeAdmin_NODE_REMOVED {
+			continue
+		}
+		if t, ok := n.mux.LastHeard(raft.ServerAddress(nd.Addr)); ok && now.Sub(t) > s {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[nd.Id] = true
+		}
+	}
+	return out
 }
 
 func (v *view) alive(id string) bool {

@@ -55,14 +55,12 @@ func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*
 // committed change, or why it may not. Only the leader can know: after a
 // barrier it has applied everything committed before the call.
 func (n *Node) metaAuthoritative() error {
-	r := n.meta.Raft
-	if r.State() != raft.Leader {
+	if n.meta.Raft.State() != raft.Leader {
 		return fmt.Errorf("is not the metadata leader")
 	}
-	if err := r.Barrier(2 * time.Second).Error(); err != nil {
-		return fmt.Errorf("cannot confirm its metadata is current: %w", err)
-	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return n.metaBarrier(ctx)
 }
 
 // askMetaLeader answers a data request for a table this node, a metadata
@@ -231,7 +229,7 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
 	if isChain(spec) {
-		return s.chainPull(ctx, spec, req, keys, level)
+		return s.chainPull(ctx, spec, req, keys, level, bound)
 	}
 	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil {
 		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {

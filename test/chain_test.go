@@ -2,15 +2,21 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/test/history"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // chainSpec is a linearizable chain table of 2 shards of dim 2 whose rows
@@ -189,5 +195,182 @@ func TestChainStatus(t *testing.T) {
 				t.Errorf("level %v: pulled %v after one sgd:lr=1 push of %v", o.Level, out, grads)
 			}
 		}
+	}
+}
+
+// TestChainCutOffMemberServesNoStaleRead cuts a chain member off from the
+// rest of the cluster while clients still reach it, as a partition does,
+// and checks:
+//   - the metadata leader removes it from the chain on its own silence,
+//     before gossip (slowed here to about 7 s) declares it dead;
+//   - pushes go on without it;
+//   - it then refuses linearizable and bounded reads rather than serve its
+//     old row (it holds no lease: only the metadata leader's word that its
+//     epoch is current lets it serve), while eventual reads still see it;
+//   - healed, it is appended again and serves the new row.
+func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
+	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) {
+		cfg.FaultInjection = true
+		cfg.Gossip.ProbeInterval, cfg.Gossip.ProbeTimeout, cfg.Gossip.SuspicionMult = time.Second, 500*time.Millisecond, 6
+	})
+	cl := c.Client()
+	ctx := context.Background()
+	const table = "ccut"
+	spec := chainSpec(table)
+	spec.Shards = 1
+	if _, err := cl.CreateTable(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Push(ctx, table, []uint64{5}, []float32{1, 0}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged(table, 0, 10*time.Second)
+
+	meta := -1
+	for i := range c.Len() {
+		if c.Node(i).MetaRaft().State() == raft.Leader {
+			meta = i
+		}
+	}
+	if meta < 0 {
+		t.Fatal("no metadata leader")
+	}
+	sm := c.waitChain(table, 0, 10*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
+	victimID := sm.Replicas[2] // the tail: it answers from its own state
+	if c.Index(victimID) == meta {
+		victimID = sm.Replicas[1]
+	}
+	victim := c.Index(victimID)
+	addrsOf := func(i int) []string { return []string{c.cfgs[i].Addr, c.cfgs[i].Gossip.Addr} }
+	var others []string
+	for i := range c.Len() {
+		if i != victim {
+			others = append(others, addrsOf(i)...)
+			if err := c.Node(i).BlockPeers(addrsOf(victim)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Node(victim).BlockPeers(others...); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	t.Logf("cut off %s of chain %v (epoch %d); metadata leader %s", victimID, sm.Replicas, sm.Epoch, c.ID(meta))
+
+	var removed *shardpb.ShardMap
+	c.waitFor(20*time.Second, victimID+" removed from the chain", func() bool {
+		for _, x := range c.Node(meta).ClusterMap().Shards {
+			if x.Table == table && !slices.Contains(x.Replicas, victimID) {
+				removed = x
+				return true
+			}
+		}
+		return false
+	})
+	gossip := "not listed"
+	for _, m := range c.Node(meta).Members() {
+		if m.ID == victimID {
+			gossip = m.State
+		}
+	}
+	t.Logf("removed after %s: order %v, epoch %d; gossip says %s", time.Since(cut).Round(time.Millisecond), removed.Replicas, removed.Epoch, gossip)
+	if gossip == shard.StateDead {
+		t.Errorf("gossip had declared %s dead before the metadata leader removed it for its silence", victimID)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := cl.Push(pctx, table, []uint64{5}, []float32{1, 0}); err != nil {
+		t.Fatalf("push after %s was removed: %v", victimID, err)
+	}
+
+	conn, err := grpc.NewClient(c.cfgs[victim].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st := shardpb.NewParameterServerClient(conn)
+	pull := func(level shardpb.Consistency) (float32, error) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return firstValue(st.Pull(rctx, &shardpb.PullRequest{Table: table, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, StalenessBoundNs: int64(100 * time.Millisecond), AllowWeaker: true}))
+	}
+	for _, level := range []shardpb.Consistency{shardpb.Consistency_CONSISTENCY_LINEARIZABLE, shardpb.Consistency_CONSISTENCY_BOUNDED} {
+		v, err := pull(level)
+		t.Logf("%s read at the cut-off %s: %v, %v", level, victimID, v, err)
+		if err == nil {
+			t.Errorf("%s read at the cut-off %s after its removal returned %v; the chain's row is -2", level, victimID, v)
+		} else if status.Code(err) != codes.Unavailable {
+			t.Errorf("%s read at the cut-off %s: %v, want Unavailable", level, victimID, err)
+		}
+	}
+	if v, err := pull(shardpb.Consistency_CONSISTENCY_EVENTUAL); err != nil || v != -1 {
+		t.Errorf("eventual read at the cut-off %s: %v, %v; want its own row -1", victimID, v, err)
+	}
+
+	for i := range c.Len() {
+		if err := c.Node(i).BlockPeers(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	healed := time.Now()
+	c.waitFor(30*time.Second, victimID+" appended again and serving the new row", func() bool {
+		v, err := pull(shardpb.Consistency_CONSISTENCY_LINEARIZABLE)
+		return err == nil && v == -2
+	})
+	t.Logf("healed: %s serves the new row after %s", victimID, time.Since(healed).Round(time.Millisecond))
+	if sums := c.WaitConverged(table, 0, 30*time.Second); len(sums) != 3 || !allEqual(sums) {
+		t.Errorf("replica checksums %v, want 3 equal", sums)
+	}
+}
+
+// TestChainBrokenMemberRemoved fails the disk of a chain's middle member
+// (its node stays up and gossips as alive): pushes stall at it, its node
+// reports it to the metadata leader, which removes it from the chain and
+// does not append the node again at once; pushes then go on, nothing
+// acknowledged is lost, and the node has closed and deleted its replica.
+func TestChainBrokenMemberRemoved(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	cl := c.Client()
+	ctx := context.Background()
+	const table = "cbroken"
+	spec := chainSpec(table)
+	spec.Shards = 1
+	if _, err := cl.CreateTable(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Push(ctx, table, []uint64{7}, []float32{1, 0}); err != nil {
+		t.Fatal(err)
+	}
+	sm := c.waitChain(table, 0, 10*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
+	victimID := sm.Replicas[1]
+	victim := c.Node(c.Index(victimID))
+	ch := victim.Chain(table, 0)
+	if ch == nil {
+		t.Fatalf("%s has no replica of %s/0", victimID, table)
+	}
+	ch.Fail(errors.New("test: disk failed"))
+	failed := time.Now()
+
+	// A push in flight through the broken member is not acknowledged until
+	// the chain is reconfigured without it; the client's retries then land.
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := cl.Push(pctx, table, []uint64{7}, []float32{1, 0}); err != nil {
+		t.Fatalf("push after %s's disk failed: %v", victimID, err)
+	}
+	after := c.waitChain(table, 0, 10*time.Second, victimID+" removed", func(x *shardpb.ShardMap) bool { return !slices.Contains(x.Replicas, victimID) })
+	t.Logf("%s removed %s after its disk failed: order %v, epoch %d", victimID, time.Since(failed).Round(time.Millisecond), after.Replicas, after.Epoch)
+	if want := []string{sm.Replicas[0], sm.Replicas[2]}; !slices.Equal(after.Replicas[:2], want) {
+		t.Errorf("order after the removal %v, want %v first", after.Replicas, want)
+	}
+	c.waitFor(10*time.Second, victimID+" closes its broken replica", func() bool { return victim.Chain(table, 0) == nil })
+	out := make([]float32, 2)
+	if err := cl.Pull(ctx, table, []uint64{7}, out); err != nil || out[0] != -2 {
+		t.Errorf("row after two acknowledged pushes: %v, %v; want -2", out, err)
+	}
+	// The node is not given the replica back at once: its disk may fail again.
+	time.Sleep(2 * time.Second)
+	if x := c.ShardMap(table, 0); slices.Contains(x.Replicas, victimID) {
+		t.Errorf("%s appended again within 2 s of its disk failing: %v", victimID, x.Replicas)
 	}
 }

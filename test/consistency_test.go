@@ -16,6 +16,21 @@ import (
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
+// firstValue is the first value of a Pull's answer, or its error.
+func firstValue(resp *shardpb.PullResponse, err error) (float32, error) {
+	if err != nil {
+		return 0, err
+	}
+	v, err := shard.DecodeValues(resp.Values, nil)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) == 0 {
+		return 0, errors.New("pull answered no values")
+	}
+	return v[0], nil
+}
+
 // served sums the cluster's served-pull counters of one role and level.
 func served(c *Cluster, role, level string) (requests, refused uint64) {
 	for i := range c.Len() {
@@ -262,15 +277,7 @@ func TestCutOffReplicaRefusesBoundedReads(t *testing.T) {
 	defer conn.Close()
 	st := shardpb.NewParameterServerClient(conn)
 	pull := func(level shardpb.Consistency) (float32, error) {
-		resp, err := st.Pull(ctx, &shardpb.PullRequest{Table: "cut", Shard: 0, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, AllowWeaker: true})
-		if err != nil {
-			return 0, err
-		}
-		v, err := shard.DecodeValues(resp.Values, nil)
-		if err != nil {
-			return 0, err
-		}
-		return v[0], nil
+		return firstValue(st.Pull(ctx, &shardpb.PullRequest{Table: "cut", Shard: 0, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, AllowWeaker: true}))
 	}
 	time.Sleep(bound + bound/2)
 	if _, err := pull(shardpb.Consistency_CONSISTENCY_BOUNDED); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), shard.ErrTooStale.Error()) {

@@ -45,6 +45,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Raft.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.BoolVar(&cfg.FaultInjection, "fault-injection", false, "serve /debug/netfault on the HTTP port, through which tests cut this node off from chosen peers (raftps chaos partitions of a local cluster); never on a production node")
 	fs.DurationVar(&cfg.ExpediteElection, "expedite-election", 0, "start a shard election at once when the leader's node has been silent this long (0: the heartbeat timeout; negative: leave it to Raft's randomised timer)")
+	fs.DurationVar(&cfg.ChainSilence, "chain-silence", 0, "remove a node from every chain once the metadata leader has not heard from it this long (0: twice the heartbeat timeout, at least 500ms; negative: only when gossip declares it dead)")
 	fs.DurationVar(&cfg.Raft.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
 	fs.DurationVar(&cfg.Raft.CommitTimeout, "commit-timeout", d.CommitTimeout, "how often an idle Raft leader tells followers the commit index (each costs CPU per group)")
 	fs.Uint64Var(&cfg.Raft.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")

@@ -1804,6 +1804,202 @@ func (x *PeerContactResponse) GetSilentNs() int64 {
 	return 0
 }
 
+type ConfirmChainsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chain shards by group ID (table/shard).
+	Groups        []string `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmChainsRequest) Reset() {
+	*x = ConfirmChainsRequest{}
+	mi := &file_raftps_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmChainsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmChainsRequest) ProtoMessage() {}
+
+func (x *ConfirmChainsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmChainsRequest.ProtoReflect.Descriptor instead.
+func (*ConfirmChainsRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ConfirmChainsRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+type ConfirmChainsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epochs[i] is the shard map epoch of groups[i]; 0 if there is no such
+	// shard.
+	Epochs        []uint64 `protobuf:"varint,1,rep,packed,name=epochs,proto3" json:"epochs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmChainsResponse) Reset() {
+	*x = ConfirmChainsResponse{}
+	mi := &file_raftps_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmChainsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmChainsResponse) ProtoMessage() {}
+
+func (x *ConfirmChainsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmChainsResponse.ProtoReflect.Descriptor instead.
+func (*ConfirmChainsResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ConfirmChainsResponse) GetEpochs() []uint64 {
+	if x != nil {
+		return x.Epochs
+	}
+	return nil
+}
+
+type ReportBrokenRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The chain shard's group ID (table/shard) and the epoch the replica had.
+	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportBrokenRequest) Reset() {
+	*x = ReportBrokenRequest{}
+	mi := &file_raftps_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportBrokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportBrokenRequest) ProtoMessage() {}
+
+func (x *ReportBrokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportBrokenRequest.ProtoReflect.Descriptor instead.
+func (*ReportBrokenRequest) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReportBrokenRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReportBrokenRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ReportBrokenRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReportBrokenRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ReportBrokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportBrokenResponse) Reset() {
+	*x = ReportBrokenResponse{}
+	mi := &file_raftps_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportBrokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportBrokenResponse) ProtoMessage() {}
+
+func (x *ReportBrokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_raftps_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportBrokenResponse.ProtoReflect.Descriptor instead.
+func (*ReportBrokenResponse) Descriptor() ([]byte, []int) {
+	return file_raftps_proto_rawDescGZIP(), []int{29}
+}
+
 type ReportHotRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Table  string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
@@ -1818,7 +2014,7 @@ type ReportHotRequest struct {
 
 func (x *ReportHotRequest) Reset() {
 	*x = ReportHotRequest{}
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +2026,7 @@ func (x *ReportHotRequest) String() string {
 func (*ReportHotRequest) ProtoMessage() {}
 
 func (x *ReportHotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[26]
+	mi := &file_raftps_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +2039,7 @@ func (x *ReportHotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{26}
+	return file_raftps_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReportHotRequest) GetTable() string {
@@ -1889,7 +2085,7 @@ type ReportHotResponse struct {
 
 func (x *ReportHotResponse) Reset() {
 	*x = ReportHotResponse{}
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2097,7 @@ func (x *ReportHotResponse) String() string {
 func (*ReportHotResponse) ProtoMessage() {}
 
 func (x *ReportHotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[27]
+	mi := &file_raftps_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2110,7 @@ func (x *ReportHotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{27}
+	return file_raftps_proto_rawDescGZIP(), []int{31}
 }
 
 type AssignHotRequest struct {
@@ -1933,7 +2129,7 @@ type AssignHotRequest struct {
 
 func (x *AssignHotRequest) Reset() {
 	*x = AssignHotRequest{}
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2141,7 @@ func (x *AssignHotRequest) String() string {
 func (*AssignHotRequest) ProtoMessage() {}
 
 func (x *AssignHotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[28]
+	mi := &file_raftps_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2154,7 @@ func (x *AssignHotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignHotRequest.ProtoReflect.Descriptor instead.
 func (*AssignHotRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{28}
+	return file_raftps_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AssignHotRequest) GetTable() string {
@@ -2011,7 +2207,7 @@ type AssignHotResponse struct {
 
 func (x *AssignHotResponse) Reset() {
 	*x = AssignHotResponse{}
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2219,7 @@ func (x *AssignHotResponse) String() string {
 func (*AssignHotResponse) ProtoMessage() {}
 
 func (x *AssignHotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[29]
+	mi := &file_raftps_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2232,7 @@ func (x *AssignHotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignHotResponse.ProtoReflect.Descriptor instead.
 func (*AssignHotResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{29}
+	return file_raftps_proto_rawDescGZIP(), []int{33}
 }
 
 type HotRowsRequest struct {
@@ -2050,7 +2246,7 @@ type HotRowsRequest struct {
 
 func (x *HotRowsRequest) Reset() {
 	*x = HotRowsRequest{}
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2258,7 @@ func (x *HotRowsRequest) String() string {
 func (*HotRowsRequest) ProtoMessage() {}
 
 func (x *HotRowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[30]
+	mi := &file_raftps_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2271,7 @@ func (x *HotRowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotRowsRequest.ProtoReflect.Descriptor instead.
 func (*HotRowsRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{30}
+	return file_raftps_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HotRowsRequest) GetTable() string {
@@ -2109,7 +2305,7 @@ type HotRowsResponse struct {
 
 func (x *HotRowsResponse) Reset() {
 	*x = HotRowsResponse{}
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2317,7 @@ func (x *HotRowsResponse) String() string {
 func (*HotRowsResponse) ProtoMessage() {}
 
 func (x *HotRowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[31]
+	mi := &file_raftps_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2330,7 @@ func (x *HotRowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotRowsResponse.ProtoReflect.Descriptor instead.
 func (*HotRowsResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{31}
+	return file_raftps_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HotRowsResponse) GetValues() []byte {
@@ -2161,7 +2357,7 @@ type HotKeysRequest struct {
 
 func (x *HotKeysRequest) Reset() {
 	*x = HotKeysRequest{}
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2369,7 @@ func (x *HotKeysRequest) String() string {
 func (*HotKeysRequest) ProtoMessage() {}
 
 func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[32]
+	mi := &file_raftps_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2382,7 @@ func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysRequest.ProtoReflect.Descriptor instead.
 func (*HotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{32}
+	return file_raftps_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HotKeysRequest) GetTable() string {
@@ -2205,7 +2401,7 @@ type HotKeysResponse struct {
 
 func (x *HotKeysResponse) Reset() {
 	*x = HotKeysResponse{}
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2413,7 @@ func (x *HotKeysResponse) String() string {
 func (*HotKeysResponse) ProtoMessage() {}
 
 func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[33]
+	mi := &file_raftps_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2426,7 @@ func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysResponse.ProtoReflect.Descriptor instead.
 func (*HotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{33}
+	return file_raftps_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HotKeysResponse) GetShards() []*HotShard {
@@ -2256,7 +2452,7 @@ type HotShard struct {
 
 func (x *HotShard) Reset() {
 	*x = HotShard{}
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2464,7 @@ func (x *HotShard) String() string {
 func (*HotShard) ProtoMessage() {}
 
 func (x *HotShard) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[34]
+	mi := &file_raftps_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2477,7 @@ func (x *HotShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotShard.ProtoReflect.Descriptor instead.
 func (*HotShard) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{34}
+	return file_raftps_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HotShard) GetTable() string {
@@ -2337,7 +2533,7 @@ type HotKey struct {
 
 func (x *HotKey) Reset() {
 	*x = HotKey{}
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2545,7 @@ func (x *HotKey) String() string {
 func (*HotKey) ProtoMessage() {}
 
 func (x *HotKey) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[35]
+	mi := &file_raftps_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2558,7 @@ func (x *HotKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKey.ProtoReflect.Descriptor instead.
 func (*HotKey) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{35}
+	return file_raftps_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HotKey) GetKey() uint64 {
@@ -2400,7 +2596,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2608,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[36]
+	mi := &file_raftps_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2621,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{36}
+	return file_raftps_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -2510,7 +2706,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2718,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[37]
+	mi := &file_raftps_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2731,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{37}
+	return file_raftps_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReplicaStatus) GetGroup() string {
@@ -2684,7 +2880,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +2892,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[38]
+	mi := &file_raftps_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +2905,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{38}
+	return file_raftps_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NotLeader) GetGroup() string {
@@ -2758,7 +2954,7 @@ type JoinJobRequest struct {
 
 func (x *JoinJobRequest) Reset() {
 	*x = JoinJobRequest{}
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +2966,7 @@ func (x *JoinJobRequest) String() string {
 func (*JoinJobRequest) ProtoMessage() {}
 
 func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[39]
+	mi := &file_raftps_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +2979,7 @@ func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobRequest.ProtoReflect.Descriptor instead.
 func (*JoinJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{39}
+	return file_raftps_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JoinJobRequest) GetJob() string {
@@ -2824,7 +3020,7 @@ type JoinJobResponse struct {
 
 func (x *JoinJobResponse) Reset() {
 	*x = JoinJobResponse{}
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3032,7 @@ func (x *JoinJobResponse) String() string {
 func (*JoinJobResponse) ProtoMessage() {}
 
 func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[40]
+	mi := &file_raftps_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3045,7 @@ func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobResponse.ProtoReflect.Descriptor instead.
 func (*JoinJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{40}
+	return file_raftps_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *JoinJobResponse) GetRank() uint32 {
@@ -2875,7 +3071,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2887,7 +3083,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[41]
+	mi := &file_raftps_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2900,7 +3096,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{41}
+	return file_raftps_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetJobRequest) GetJob() string {
@@ -2921,7 +3117,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3129,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[42]
+	mi := &file_raftps_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3142,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{42}
+	return file_raftps_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2972,7 +3168,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_raftps_proto_msgTypes[43]
+	mi := &file_raftps_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3180,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[43]
+	mi := &file_raftps_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3193,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{43}
+	return file_raftps_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteJobRequest) GetJob() string {
@@ -3015,7 +3211,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_raftps_proto_msgTypes[44]
+	mi := &file_raftps_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3223,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[44]
+	mi := &file_raftps_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3236,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{44}
+	return file_raftps_proto_rawDescGZIP(), []int{48}
 }
 
 // Job is a trainer job's current round, as the metadata group stores it.
@@ -3057,7 +3253,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_raftps_proto_msgTypes[45]
+	mi := &file_raftps_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3265,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[45]
+	mi := &file_raftps_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3278,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{45}
+	return file_raftps_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Job) GetName() string {
@@ -3123,7 +3319,7 @@ type JobMember struct {
 
 func (x *JobMember) Reset() {
 	*x = JobMember{}
-	mi := &file_raftps_proto_msgTypes[46]
+	mi := &file_raftps_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3331,7 @@ func (x *JobMember) String() string {
 func (*JobMember) ProtoMessage() {}
 
 func (x *JobMember) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[46]
+	mi := &file_raftps_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3344,7 @@ func (x *JobMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobMember.ProtoReflect.Descriptor instead.
 func (*JobMember) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{46}
+	return file_raftps_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JobMember) GetRank() uint32 {
@@ -3182,7 +3378,7 @@ type MetaSnapshot struct {
 
 func (x *MetaSnapshot) Reset() {
 	*x = MetaSnapshot{}
-	mi := &file_raftps_proto_msgTypes[47]
+	mi := &file_raftps_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3390,7 @@ func (x *MetaSnapshot) String() string {
 func (*MetaSnapshot) ProtoMessage() {}
 
 func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[47]
+	mi := &file_raftps_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3403,7 @@ func (x *MetaSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSnapshot.ProtoReflect.Descriptor instead.
 func (*MetaSnapshot) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{47}
+	return file_raftps_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MetaSnapshot) GetTables() []*TableSpec {
@@ -3259,7 +3455,7 @@ type ClusterNode struct {
 
 func (x *ClusterNode) Reset() {
 	*x = ClusterNode{}
-	mi := &file_raftps_proto_msgTypes[48]
+	mi := &file_raftps_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3271,7 +3467,7 @@ func (x *ClusterNode) String() string {
 func (*ClusterNode) ProtoMessage() {}
 
 func (x *ClusterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[48]
+	mi := &file_raftps_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3284,7 +3480,7 @@ func (x *ClusterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
 func (*ClusterNode) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{48}
+	return file_raftps_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ClusterNode) GetId() string {
@@ -3332,7 +3528,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_raftps_proto_msgTypes[49]
+	mi := &file_raftps_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3540,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[49]
+	mi := &file_raftps_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3553,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{49}
+	return file_raftps_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ShardMap) GetTable() string {
@@ -3408,7 +3604,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_raftps_proto_msgTypes[50]
+	mi := &file_raftps_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3616,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[50]
+	mi := &file_raftps_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3629,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{50}
+	return file_raftps_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ClusterMap) GetVersion() uint64 {
@@ -3473,7 +3669,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_raftps_proto_msgTypes[51]
+	mi := &file_raftps_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3681,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[51]
+	mi := &file_raftps_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3694,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{51}
+	return file_raftps_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *JoinClusterRequest) GetNode() *ClusterNode {
@@ -3517,7 +3713,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_raftps_proto_msgTypes[52]
+	mi := &file_raftps_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +3725,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[52]
+	mi := &file_raftps_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +3738,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{52}
+	return file_raftps_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *JoinClusterResponse) GetMapVersion() uint64 {
@@ -3562,7 +3758,7 @@ type SetNodeAdminRequest struct {
 
 func (x *SetNodeAdminRequest) Reset() {
 	*x = SetNodeAdminRequest{}
-	mi := &file_raftps_proto_msgTypes[53]
+	mi := &file_raftps_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +3770,7 @@ func (x *SetNodeAdminRequest) String() string {
 func (*SetNodeAdminRequest) ProtoMessage() {}
 
 func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[53]
+	mi := &file_raftps_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +3783,7 @@ func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{53}
+	return file_raftps_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetNodeAdminRequest) GetId() string {
@@ -3612,7 +3808,7 @@ type SetNodeAdminResponse struct {
 
 func (x *SetNodeAdminResponse) Reset() {
 	*x = SetNodeAdminResponse{}
-	mi := &file_raftps_proto_msgTypes[54]
+	mi := &file_raftps_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3820,7 @@ func (x *SetNodeAdminResponse) String() string {
 func (*SetNodeAdminResponse) ProtoMessage() {}
 
 func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[54]
+	mi := &file_raftps_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +3833,7 @@ func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{54}
+	return file_raftps_proto_rawDescGZIP(), []int{58}
 }
 
 type GetClusterMapRequest struct {
@@ -3648,7 +3844,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_raftps_proto_msgTypes[55]
+	mi := &file_raftps_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3856,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[55]
+	mi := &file_raftps_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3869,7 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{55}
+	return file_raftps_proto_rawDescGZIP(), []int{59}
 }
 
 // MetaSetShard is the metadata command that changes one shard's entry, if
@@ -3691,7 +3887,7 @@ type MetaSetShard struct {
 
 func (x *MetaSetShard) Reset() {
 	*x = MetaSetShard{}
-	mi := &file_raftps_proto_msgTypes[56]
+	mi := &file_raftps_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3899,7 @@ func (x *MetaSetShard) String() string {
 func (*MetaSetShard) ProtoMessage() {}
 
 func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[56]
+	mi := &file_raftps_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3912,7 @@ func (x *MetaSetShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaSetShard.ProtoReflect.Descriptor instead.
 func (*MetaSetShard) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{56}
+	return file_raftps_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *MetaSetShard) GetTable() string {
@@ -3766,7 +3962,7 @@ type MetaCreateTable struct {
 
 func (x *MetaCreateTable) Reset() {
 	*x = MetaCreateTable{}
-	mi := &file_raftps_proto_msgTypes[57]
+	mi := &file_raftps_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +3974,7 @@ func (x *MetaCreateTable) String() string {
 func (*MetaCreateTable) ProtoMessage() {}
 
 func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[57]
+	mi := &file_raftps_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +3987,7 @@ func (x *MetaCreateTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCreateTable.ProtoReflect.Descriptor instead.
 func (*MetaCreateTable) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{57}
+	return file_raftps_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *MetaCreateTable) GetSpec() *TableSpec {
@@ -3826,7 +4022,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_raftps_proto_msgTypes[58]
+	mi := &file_raftps_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +4034,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[58]
+	mi := &file_raftps_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +4047,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{58}
+	return file_raftps_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReconfigureRequest) GetTable() string {
@@ -3912,7 +4108,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_raftps_proto_msgTypes[59]
+	mi := &file_raftps_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3924,7 +4120,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_raftps_proto_msgTypes[59]
+	mi := &file_raftps_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3937,7 +4133,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_raftps_proto_rawDescGZIP(), []int{59}
+	return file_raftps_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReconfigureResponse) GetState() string {
@@ -4096,7 +4292,17 @@ const file_raftps_proto_rawDesc = "" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\"H\n" +
 	"\x13PeerContactResponse\x12\x14\n" +
 	"\x05known\x18\x01 \x01(\bR\x05known\x12\x1b\n" +
-	"\tsilent_ns\x18\x02 \x01(\x03R\bsilentNs\"\x83\x01\n" +
+	"\tsilent_ns\x18\x02 \x01(\x03R\bsilentNs\".\n" +
+	"\x14ConfirmChainsRequest\x12\x16\n" +
+	"\x06groups\x18\x01 \x03(\tR\x06groups\"/\n" +
+	"\x15ConfirmChainsResponse\x12\x16\n" +
+	"\x06epochs\x18\x01 \x03(\x04R\x06epochs\"r\n" +
+	"\x13ReportBrokenRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x16\n" +
+	"\x14ReportBrokenResponse\"\x83\x01\n" +
 	"\x10ReportHotRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x17\n" +
@@ -4268,7 +4474,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\rReconfigureOp\x12\x15\n" +
 	"\x11RECONFIGURE_QUERY\x10\x00\x12\x13\n" +
 	"\x0fRECONFIGURE_ADD\x10\x01\x12\x16\n" +
-	"\x12RECONFIGURE_REMOVE\x10\x022\xb3\f\n" +
+	"\x12RECONFIGURE_REMOVE\x10\x022\xd8\r\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -4293,7 +4499,9 @@ const file_raftps_proto_rawDesc = "" +
 	"\tAssignHot\x12\x1b.raftps.v1.AssignHotRequest\x1a\x1c.raftps.v1.AssignHotResponse\x12@\n" +
 	"\aHotRows\x12\x19.raftps.v1.HotRowsRequest\x1a\x1a.raftps.v1.HotRowsResponse\x12@\n" +
 	"\aHotKeys\x12\x19.raftps.v1.HotKeysRequest\x1a\x1a.raftps.v1.HotKeysResponse\x12L\n" +
-	"\vPeerContact\x12\x1d.raftps.v1.PeerContactRequest\x1a\x1e.raftps.v1.PeerContactResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\vPeerContact\x12\x1d.raftps.v1.PeerContactRequest\x1a\x1e.raftps.v1.PeerContactResponse\x12R\n" +
+	"\rConfirmChains\x12\x1f.raftps.v1.ConfirmChainsRequest\x1a .raftps.v1.ConfirmChainsResponse\x12O\n" +
+	"\fReportBroken\x12\x1e.raftps.v1.ReportBrokenRequest\x1a\x1f.raftps.v1.ReportBrokenResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_raftps_proto_rawDescOnce sync.Once
@@ -4308,7 +4516,7 @@ func file_raftps_proto_rawDescGZIP() []byte {
 }
 
 var file_raftps_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_raftps_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_raftps_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(NodeAdmin)(0),                // 1: raftps.v1.NodeAdmin
@@ -4339,40 +4547,44 @@ var file_raftps_proto_goTypes = []any{
 	(*ReadIndexResponse)(nil),     // 26: raftps.v1.ReadIndexResponse
 	(*PeerContactRequest)(nil),    // 27: raftps.v1.PeerContactRequest
 	(*PeerContactResponse)(nil),   // 28: raftps.v1.PeerContactResponse
-	(*ReportHotRequest)(nil),      // 29: raftps.v1.ReportHotRequest
-	(*ReportHotResponse)(nil),     // 30: raftps.v1.ReportHotResponse
-	(*AssignHotRequest)(nil),      // 31: raftps.v1.AssignHotRequest
-	(*AssignHotResponse)(nil),     // 32: raftps.v1.AssignHotResponse
-	(*HotRowsRequest)(nil),        // 33: raftps.v1.HotRowsRequest
-	(*HotRowsResponse)(nil),       // 34: raftps.v1.HotRowsResponse
-	(*HotKeysRequest)(nil),        // 35: raftps.v1.HotKeysRequest
-	(*HotKeysResponse)(nil),       // 36: raftps.v1.HotKeysResponse
-	(*HotShard)(nil),              // 37: raftps.v1.HotShard
-	(*HotKey)(nil),                // 38: raftps.v1.HotKey
-	(*NodeInfo)(nil),              // 39: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 40: raftps.v1.ReplicaStatus
-	(*NotLeader)(nil),             // 41: raftps.v1.NotLeader
-	(*JoinJobRequest)(nil),        // 42: raftps.v1.JoinJobRequest
-	(*JoinJobResponse)(nil),       // 43: raftps.v1.JoinJobResponse
-	(*GetJobRequest)(nil),         // 44: raftps.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 45: raftps.v1.GetJobResponse
-	(*DeleteJobRequest)(nil),      // 46: raftps.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),     // 47: raftps.v1.DeleteJobResponse
-	(*Job)(nil),                   // 48: raftps.v1.Job
-	(*JobMember)(nil),             // 49: raftps.v1.JobMember
-	(*MetaSnapshot)(nil),          // 50: raftps.v1.MetaSnapshot
-	(*ClusterNode)(nil),           // 51: raftps.v1.ClusterNode
-	(*ShardMap)(nil),              // 52: raftps.v1.ShardMap
-	(*ClusterMap)(nil),            // 53: raftps.v1.ClusterMap
-	(*JoinClusterRequest)(nil),    // 54: raftps.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),   // 55: raftps.v1.JoinClusterResponse
-	(*SetNodeAdminRequest)(nil),   // 56: raftps.v1.SetNodeAdminRequest
-	(*SetNodeAdminResponse)(nil),  // 57: raftps.v1.SetNodeAdminResponse
-	(*GetClusterMapRequest)(nil),  // 58: raftps.v1.GetClusterMapRequest
-	(*MetaSetShard)(nil),          // 59: raftps.v1.MetaSetShard
-	(*MetaCreateTable)(nil),       // 60: raftps.v1.MetaCreateTable
-	(*ReconfigureRequest)(nil),    // 61: raftps.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),   // 62: raftps.v1.ReconfigureResponse
+	(*ConfirmChainsRequest)(nil),  // 29: raftps.v1.ConfirmChainsRequest
+	(*ConfirmChainsResponse)(nil), // 30: raftps.v1.ConfirmChainsResponse
+	(*ReportBrokenRequest)(nil),   // 31: raftps.v1.ReportBrokenRequest
+	(*ReportBrokenResponse)(nil),  // 32: raftps.v1.ReportBrokenResponse
+	(*ReportHotRequest)(nil),      // 33: raftps.v1.ReportHotRequest
+	(*ReportHotResponse)(nil),     // 34: raftps.v1.ReportHotResponse
+	(*AssignHotRequest)(nil),      // 35: raftps.v1.AssignHotRequest
+	(*AssignHotResponse)(nil),     // 36: raftps.v1.AssignHotResponse
+	(*HotRowsRequest)(nil),        // 37: raftps.v1.HotRowsRequest
+	(*HotRowsResponse)(nil),       // 38: raftps.v1.HotRowsResponse
+	(*HotKeysRequest)(nil),        // 39: raftps.v1.HotKeysRequest
+	(*HotKeysResponse)(nil),       // 40: raftps.v1.HotKeysResponse
+	(*HotShard)(nil),              // 41: raftps.v1.HotShard
+	(*HotKey)(nil),                // 42: raftps.v1.HotKey
+	(*NodeInfo)(nil),              // 43: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 44: raftps.v1.ReplicaStatus
+	(*NotLeader)(nil),             // 45: raftps.v1.NotLeader
+	(*JoinJobRequest)(nil),        // 46: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 47: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 48: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 49: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 50: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 51: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 52: raftps.v1.Job
+	(*JobMember)(nil),             // 53: raftps.v1.JobMember
+	(*MetaSnapshot)(nil),          // 54: raftps.v1.MetaSnapshot
+	(*ClusterNode)(nil),           // 55: raftps.v1.ClusterNode
+	(*ShardMap)(nil),              // 56: raftps.v1.ShardMap
+	(*ClusterMap)(nil),            // 57: raftps.v1.ClusterMap
+	(*JoinClusterRequest)(nil),    // 58: raftps.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),   // 59: raftps.v1.JoinClusterResponse
+	(*SetNodeAdminRequest)(nil),   // 60: raftps.v1.SetNodeAdminRequest
+	(*SetNodeAdminResponse)(nil),  // 61: raftps.v1.SetNodeAdminResponse
+	(*GetClusterMapRequest)(nil),  // 62: raftps.v1.GetClusterMapRequest
+	(*MetaSetShard)(nil),          // 63: raftps.v1.MetaSetShard
+	(*MetaCreateTable)(nil),       // 64: raftps.v1.MetaCreateTable
+	(*ReconfigureRequest)(nil),    // 65: raftps.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),   // 66: raftps.v1.ReconfigureResponse
 }
 var file_raftps_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
@@ -4387,33 +4599,33 @@ var file_raftps_proto_depIdxs = []int32{
 	3,  // 9: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
 	3,  // 10: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
 	17, // 11: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	52, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
-	51, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
+	56, // 12: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
+	55, // 13: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
 	3,  // 14: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
-	39, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	40, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	48, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
-	52, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
-	37, // 19: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
+	43, // 15: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	44, // 16: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	52, // 17: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	56, // 18: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
+	41, // 19: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
 	22, // 20: raftps.v1.StatusResponse.served:type_name -> raftps.v1.ServedCount
 	0,  // 21: raftps.v1.AlterTableRequest.consistency:type_name -> raftps.v1.Consistency
 	3,  // 22: raftps.v1.AlterTableResponse.spec:type_name -> raftps.v1.TableSpec
-	37, // 23: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
-	38, // 24: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
-	48, // 25: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
-	49, // 26: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	41, // 23: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
+	42, // 24: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
+	52, // 25: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	53, // 26: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
 	3,  // 27: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
-	48, // 28: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
-	51, // 29: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
-	52, // 30: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
+	52, // 28: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	55, // 29: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
+	56, // 30: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
 	1,  // 31: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
-	51, // 32: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
-	52, // 33: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
+	55, // 32: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
+	56, // 33: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
 	3,  // 34: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
-	51, // 35: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
+	55, // 35: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
 	1,  // 36: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
 	3,  // 37: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
-	52, // 38: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
+	56, // 38: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
 	2,  // 39: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
 	4,  // 40: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
 	6,  // 41: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
@@ -4423,44 +4635,48 @@ var file_raftps_proto_depIdxs = []int32{
 	15, // 45: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
 	18, // 46: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
 	20, // 47: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	42, // 48: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
-	44, // 49: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
-	46, // 50: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
-	54, // 51: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
-	56, // 52: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
-	58, // 53: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
-	61, // 54: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
+	46, // 48: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	48, // 49: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	50, // 50: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	58, // 51: raftps.v1.ParameterServer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
+	60, // 52: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
+	62, // 53: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
+	65, // 54: raftps.v1.ParameterServer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
 	23, // 55: raftps.v1.ParameterServer.AlterTable:input_type -> raftps.v1.AlterTableRequest
 	25, // 56: raftps.v1.ParameterServer.ReadIndex:input_type -> raftps.v1.ReadIndexRequest
-	29, // 57: raftps.v1.ParameterServer.ReportHot:input_type -> raftps.v1.ReportHotRequest
-	31, // 58: raftps.v1.ParameterServer.AssignHot:input_type -> raftps.v1.AssignHotRequest
-	33, // 59: raftps.v1.ParameterServer.HotRows:input_type -> raftps.v1.HotRowsRequest
-	35, // 60: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
+	33, // 57: raftps.v1.ParameterServer.ReportHot:input_type -> raftps.v1.ReportHotRequest
+	35, // 58: raftps.v1.ParameterServer.AssignHot:input_type -> raftps.v1.AssignHotRequest
+	37, // 59: raftps.v1.ParameterServer.HotRows:input_type -> raftps.v1.HotRowsRequest
+	39, // 60: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
 	27, // 61: raftps.v1.ParameterServer.PeerContact:input_type -> raftps.v1.PeerContactRequest
-	5,  // 62: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	7,  // 63: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	10, // 64: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	12, // 65: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	14, // 66: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	16, // 67: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	19, // 68: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	21, // 69: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	43, // 70: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
-	45, // 71: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
-	47, // 72: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
-	55, // 73: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
-	57, // 74: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
-	53, // 75: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
-	62, // 76: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
-	24, // 77: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
-	26, // 78: raftps.v1.ParameterServer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
-	30, // 79: raftps.v1.ParameterServer.ReportHot:output_type -> raftps.v1.ReportHotResponse
-	32, // 80: raftps.v1.ParameterServer.AssignHot:output_type -> raftps.v1.AssignHotResponse
-	34, // 81: raftps.v1.ParameterServer.HotRows:output_type -> raftps.v1.HotRowsResponse
-	36, // 82: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
-	28, // 83: raftps.v1.ParameterServer.PeerContact:output_type -> raftps.v1.PeerContactResponse
-	62, // [62:84] is the sub-list for method output_type
-	40, // [40:62] is the sub-list for method input_type
+	29, // 62: raftps.v1.ParameterServer.ConfirmChains:input_type -> raftps.v1.ConfirmChainsRequest
+	31, // 63: raftps.v1.ParameterServer.ReportBroken:input_type -> raftps.v1.ReportBrokenRequest
+	5,  // 64: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	7,  // 65: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	10, // 66: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	12, // 67: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	14, // 68: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	16, // 69: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	19, // 70: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	21, // 71: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	47, // 72: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	49, // 73: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	51, // 74: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	59, // 75: raftps.v1.ParameterServer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
+	61, // 76: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
+	57, // 77: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
+	66, // 78: raftps.v1.ParameterServer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
+	24, // 79: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
+	26, // 80: raftps.v1.ParameterServer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
+	34, // 81: raftps.v1.ParameterServer.ReportHot:output_type -> raftps.v1.ReportHotResponse
+	36, // 82: raftps.v1.ParameterServer.AssignHot:output_type -> raftps.v1.AssignHotResponse
+	38, // 83: raftps.v1.ParameterServer.HotRows:output_type -> raftps.v1.HotRowsResponse
+	40, // 84: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
+	28, // 85: raftps.v1.ParameterServer.PeerContact:output_type -> raftps.v1.PeerContactResponse
+	30, // 86: raftps.v1.ParameterServer.ConfirmChains:output_type -> raftps.v1.ConfirmChainsResponse
+	32, // 87: raftps.v1.ParameterServer.ReportBroken:output_type -> raftps.v1.ReportBrokenResponse
+	64, // [64:88] is the sub-list for method output_type
+	40, // [40:64] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name
@@ -4477,7 +4693,7 @@ func file_raftps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftps_proto_rawDesc), len(file_raftps_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   60,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

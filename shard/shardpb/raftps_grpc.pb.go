@@ -45,6 +45,8 @@ const (
 	ParameterServer_HotRows_FullMethodName       = "/raftps.v1.ParameterServer/HotRows"
 	ParameterServer_HotKeys_FullMethodName       = "/raftps.v1.ParameterServer/HotKeys"
 	ParameterServer_PeerContact_FullMethodName   = "/raftps.v1.ParameterServer/PeerContact"
+	ParameterServer_ConfirmChains_FullMethodName = "/raftps.v1.ParameterServer/ConfirmChains"
+	ParameterServer_ReportBroken_FullMethodName  = "/raftps.v1.ParameterServer/ReportBroken"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -121,6 +123,20 @@ type ParameterServerClient interface {
 	// others, to tell a dead node from a slow one without waiting out its
 	// attempt timeout.
 	PeerContact(ctx context.Context, in *PeerContactRequest, opts ...grpc.CallOption) (*PeerContactResponse, error)
+	// ConfirmChains is served by the metadata leader: after a barrier (so its
+	// metadata holds every change committed before the call) it returns the
+	// current epoch of each chain shard asked about. A chain member confirms
+	// its epoch this way before it serves a linearizable read: a member cut
+	// off from its chain may have been removed, and the chain may have
+	// committed pushes it lacks (see docs/ARCHITECTURE.md, "Chain tables").
+	ConfirmChains(ctx context.Context, in *ConfirmChainsRequest, opts ...grpc.CallOption) (*ConfirmChainsResponse, error)
+	// ReportBroken is sent to the metadata leader by a node whose replica of
+	// a chain shard has failed (its disk: replication.ErrReplicaBroken). The
+	// node is alive and answers everything else, so neither gossip nor the
+	// leader's silence check would ever remove it, and the chain would stall
+	// for good. The node repeats the report every reconcile round while the
+	// map still lists it; the leader removes it from the chain.
+	ReportBroken(ctx context.Context, in *ReportBrokenRequest, opts ...grpc.CallOption) (*ReportBrokenResponse, error)
 }
 
 type parameterServerClient struct {
@@ -351,6 +367,26 @@ func (c *parameterServerClient) PeerContact(ctx context.Context, in *PeerContact
 	return out, nil
 }
 
+func (c *parameterServerClient) ConfirmChains(ctx context.Context, in *ConfirmChainsRequest, opts ...grpc.CallOption) (*ConfirmChainsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfirmChainsResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ConfirmChains_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) ReportBroken(ctx context.Context, in *ReportBrokenRequest, opts ...grpc.CallOption) (*ReportBrokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportBrokenResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ReportBroken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -425,6 +461,20 @@ type ParameterServerServer interface {
 	// others, to tell a dead node from a slow one without waiting out its
 	// attempt timeout.
 	PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error)
+	// ConfirmChains is served by the metadata leader: after a barrier (so its
+	// metadata holds every change committed before the call) it returns the
+	// current epoch of each chain shard asked about. A chain member confirms
+	// its epoch this way before it serves a linearizable read: a member cut
+	// off from its chain may have been removed, and the chain may have
+	// committed pushes it lacks (see docs/ARCHITECTURE.md, "Chain tables").
+	ConfirmChains(context.Context, *ConfirmChainsRequest) (*ConfirmChainsResponse, error)
+	// ReportBroken is sent to the metadata leader by a node whose replica of
+	// a chain shard has failed (its disk: replication.ErrReplicaBroken). The
+	// node is alive and answers everything else, so neither gossip nor the
+	// leader's silence check would ever remove it, and the chain would stall
+	// for good. The node repeats the report every reconcile round while the
+	// map still lists it; the leader removes it from the chain.
+	ReportBroken(context.Context, *ReportBrokenRequest) (*ReportBrokenResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -500,6 +550,12 @@ func (UnimplementedParameterServerServer) HotKeys(context.Context, *HotKeysReque
 }
 func (UnimplementedParameterServerServer) PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PeerContact not implemented")
+}
+func (UnimplementedParameterServerServer) ConfirmChains(context.Context, *ConfirmChainsRequest) (*ConfirmChainsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConfirmChains not implemented")
+}
+func (UnimplementedParameterServerServer) ReportBroken(context.Context, *ReportBrokenRequest) (*ReportBrokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportBroken not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -918,6 +974,42 @@ func _ParameterServer_PeerContact_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_ConfirmChains_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfirmChainsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ConfirmChains(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ConfirmChains_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ConfirmChains(ctx, req.(*ConfirmChainsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_ReportBroken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportBrokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ReportBroken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ReportBroken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ReportBroken(ctx, req.(*ReportBrokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1012,6 +1104,14 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PeerContact",
 			Handler:    _ParameterServer_PeerContact_Handler,
+		},
+		{
+			MethodName: "ConfirmChains",
+			Handler:    _ParameterServer_ConfirmChains_Handler,
+		},
+		{
+			MethodName: "ReportBroken",
+			Handler:    _ParameterServer_ReportBroken_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

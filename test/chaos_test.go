@@ -58,7 +58,8 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 }
 
 // TestBinaryChaosLocal is make test's short chaos round: a 3-process
-// cluster, a checked workload on a linearizable and a bounded table, a
+// cluster, a checked workload on a linearizable, a bounded and a chain
+// (linearizable) table, a
 // leader kill, a leader pause (SIGSTOP longer than an election), a leader
 // cut off from the other nodes (fault injection: clients still reach it, so
 // a stale leader serving linearizable reads would show) and a majority cut
@@ -70,7 +71,7 @@ func TestBinaryChaosLocal(t *testing.T) {
 	// Beside TestBinaryPausedLeaderNoAttemptTimeout, which mostly waits.
 	t.Parallel()
 	bin, dir, _ := binaryCluster(t, fastTimeouts, "--fault-injection")
-	s, code := runChaos(t, bin, dir, "--duration", "32s", "--every", "8s", "--down", "2500ms", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority")
+	s, code := runChaos(t, bin, dir, "--duration", "32s", "--every", "8s", "--down", "2500ms", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority", "--tables", "chaos_lin,chaos_bnd,chaos_chn")
 	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
 		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
 	if code != 0 || len(s.Violations) > 0 {

@@ -41,9 +41,15 @@ func TestTrainThroughLeaderKill(t *testing.T) {
 		c.Kill(l)
 		killed <- l
 	}()
+	steps := 1500
+	if raceDetector {
+		// make test's budget: enough steps to outlast the kill; the AUC
+		// check below is make test-unit's.
+		steps = 400
+	}
 	res, err := trainer.Train(ctx, trainer.LoopConfig{
 		PS: cl, Table: "lr", Model: trainer.LR{}, Data: smallData(t),
-		Batch: 64, Steps: 1500, DenseLR: 2, EvalSamples: 20000,
+		Batch: 64, Steps: steps, DenseLR: 2, EvalSamples: 20000,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +62,9 @@ func TestTrainThroughLeaderKill(t *testing.T) {
 	}
 	last := res.Evals[len(res.Evals)-1]
 	t.Logf("%d steps in %.1fs: AUC %.4f (Bayes %.4f), logloss %.4f (Bayes %.4f)", res.Steps, res.Seconds, last.AUC, last.BayesAUC, last.LogLoss, last.BayesLogLoss)
+	if raceDetector {
+		return
+	}
 	if last.AUC < float64(last.BayesAUC)-0.03 {
 		t.Fatalf("AUC %.4f is not within 0.03 of the Bayes-optimal %.4f", last.AUC, last.BayesAUC)
 	}
@@ -112,10 +121,20 @@ func TestTrainSynchronousTrainers(t *testing.T) {
 	if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 		t.Fatal(err)
 	}
+	steps := 1000
+	if raceDetector {
+		// make test's budget: under the race detector this is about the
+		// trainers' concurrency (allreduce, pulls and pushes against a real
+		// cluster), not convergence, which make test-unit checks.
+		steps = 200
+	}
 	results := trainGroup(t, 2, trainer.LoopConfig{PS: c.Client(), Table: "lr", Model: trainer.LR{}, Data: smallData(t),
-		Batch: 32, Steps: 1000, DenseLR: 2, EvalSamples: 20000})
+		Batch: 32, Steps: steps, DenseLR: 2, EvalSamples: 20000})
 	if !slices.Equal(results[0].Dense, results[1].Dense) {
 		t.Fatalf("trainers ended with different dense parameters: %v vs %v", results[0].Dense, results[1].Dense)
+	}
+	if raceDetector {
+		return
 	}
 	last := results[0].Evals[len(results[0].Evals)-1]
 	t.Logf("AUC %.4f (Bayes %.4f)", last.AUC, last.BayesAUC)

@@ -127,13 +127,13 @@ func TestBinaryTrainModes(t *testing.T) {
 // again resumes from the job's checkpoint in the cluster, and finishes.
 func TestBinaryTrainResumes(t *testing.T) {
 	bin, _, addrs := binaryCluster(t)
-	args := []string{"--cluster", addrs, "--job", "resume", "--steps", "3000", "--checkpoint-every", "50"}
+	args := []string{"--cluster", addrs, "--job", "resume", "--steps", "2000", "--checkpoint-every", "50"}
 	// Kill it once it has passed step 600 (progress lines every 300 steps).
-	killAfterLine(t, exec.Command(bin, append([]string{"train"}, args...)...), "step 600/3000")
+	killAfterLine(t, exec.Command(bin, append([]string{"train"}, args...)...), "step 600/2000")
 	res := runTrain(t, bin, args...)
 	t.Logf("resumed at step %d, finished %d: AUC %.4f (Bayes %.4f)", res.FirstStep, res.Steps, res.FinalAUC, res.BayesAUC)
-	if res.FirstStep < 601 || res.FirstStep%50 != 1 || res.Steps != 3000 {
-		t.Fatalf("resumed from step %d to %d; want after a checkpoint (every 50 steps) past step 600, to 3000", res.FirstStep, res.Steps)
+	if res.FirstStep < 601 || res.FirstStep%50 != 1 || res.Steps != 2000 {
+		t.Fatalf("resumed from step %d to %d; want after a checkpoint (every 50 steps) past step 600, to 2000", res.FirstStep, res.Steps)
 	}
 	if res.FinalAUC < float64(res.BayesAUC)-0.02 {
 		t.Fatalf("AUC %.4f after resuming, Bayes %.4f", res.FinalAUC, res.BayesAUC)

@@ -143,6 +143,9 @@ test-docker-if-engine:
 SOAK        ?= 30m
 SOAK_EVERY  ?= 10s
 SOAK_TARGET ?= local
+# A linearizable and a bounded Raft table, and a chain table (chaos makes a
+# table whose name contains "chn" a chain table).
+SOAK_TABLES ?= chaos_lin,chaos_bnd,chaos_chn
 soak: build ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/report.json
 	@rm -rf bin/soak && mkdir -p bin/soak
 	@if [ "$(SOAK_TARGET)" = docker ]; then \
@@ -152,7 +155,7 @@ soak: build ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/repo
 		bin/raftps cluster up --dir bin/soak/cluster --base-port 17600 --server-args "--fault-injection" >/dev/null || exit 1; \
 		target=local:bin/soak/cluster; faults=kill-leader,pause-leader,partition-leader,partition-minority; \
 	fi; \
-	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $$faults --out bin/soak || status=$$?; \
+	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $$faults --tables $(SOAK_TABLES) --out bin/soak || status=$$?; \
 	if [ "$(SOAK_TARGET)" = docker ]; then $(MAKE) --no-print-directory compose-down; else bin/raftps cluster down --dir bin/soak/cluster >/dev/null; fi; \
 	exit $$status
 

@@ -210,7 +210,7 @@ func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration
 					mu.Unlock()
 					return
 				}
-				p.Fail(false)
+				p.Fail(false, err)
 				time.Sleep(20 * time.Millisecond)
 			}
 			mu.Lock()

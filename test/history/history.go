@@ -114,6 +114,9 @@ type Op struct {
 	// Level is informational only, e.g. "linearizable" or "bounded:100ms";
 	// the caller decides which checker applies to which ops.
 	Level string `json:"level,omitempty"`
+	// Error is why a failed or unknown operation failed, as its caller saw
+	// it: for reading a history, not for the checkers.
+	Error string `json:"error,omitempty"`
 }
 
 func (op Op) String() string {
@@ -243,20 +246,25 @@ func (r *Recorder) now() int64 { return int64(time.Since(r.start)) }
 // of the wrong length is recorded as given and rejected by the checkers,
 // because it is a fact about the run, not a reason to crash it.
 func (p *Pending) OK(values []int64) {
-	p.complete(OK, append([]int64(nil), values...))
+	p.complete(OK, append([]int64(nil), values...), "")
 }
 
-// Fail records a failed return now. definite means the operation certainly
-// had no effect; otherwise the outcome is Unknown.
-func (p *Pending) Fail(definite bool) {
+// Fail records a failed return now, with its error (nil if none). definite
+// means the operation certainly had no effect; otherwise the outcome is
+// Unknown.
+func (p *Pending) Fail(definite bool, err error) {
+	o := Unknown
 	if definite {
-		p.complete(Failed, nil)
-	} else {
-		p.complete(Unknown, nil)
+		o = Failed
 	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	p.complete(o, nil, msg)
 }
 
-func (p *Pending) complete(o Outcome, values []int64) {
+func (p *Pending) complete(o Outcome, values []int64, errMsg string) {
 	r := p.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -267,7 +275,7 @@ func (p *Pending) complete(o Outcome, values []int64) {
 		panic(fmt.Sprintf("history: operation %v completed twice", *op))
 	}
 	op.Return = r.now()
-	op.Outcome = o
+	op.Outcome, op.Error = o, errMsg
 	if len(values) > 0 {
 		op.Values = values
 	}

@@ -459,19 +459,19 @@ func TestRecorderConcurrent(t *testing.T) {
 					mu.Unlock()
 					p.OK(vals)
 				case 5:
-					r.Invoke(c, Push, ks, gs).Fail(true)
+					r.Invoke(c, Push, ks, gs).Fail(true, nil)
 				case 6:
 					p := r.Invoke(c, Push, ks, gs)
 					if rng.IntN(2) == 0 {
 						apply(ks, gs)
 					}
-					p.Fail(false)
+					p.Fail(false, nil)
 				case 7:
 					if i+8 >= perClient { // the last op of case 7
 						r.Invoke(c, Push, ks, gs) // in flight forever, applied
 						apply(ks, gs)
 					} else {
-						r.Invoke(c, Pull, ks, nil).Fail(false)
+						r.Invoke(c, Pull, ks, nil).Fail(false, nil)
 					}
 				}
 			}

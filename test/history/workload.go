@@ -64,7 +64,7 @@ func (w Workload) Run(s Store, rec *Recorder, stop <-chan struct{}) {
 			}
 			p := rec.InvokeLevel(w.Client, Push, w.Level, ks, grads)
 			if err := s.Push(ctx, w.Table, ks, vec); err != nil {
-				p.Fail(w.Definite != nil && w.Definite(err))
+				p.Fail(w.Definite != nil && w.Definite(err), err)
 			} else {
 				p.OK(nil)
 			}
@@ -72,7 +72,7 @@ func (w Workload) Run(s Store, rec *Recorder, stop <-chan struct{}) {
 			out := make([]float32, w.Dim*n)
 			p := rec.InvokeLevel(w.Client, Pull, w.Level, ks, nil)
 			if err := s.Pull(ctx, w.Table, ks, out); err != nil {
-				p.Fail(true) // a pull changes nothing
+				p.Fail(true, err) // a pull changes nothing
 			} else {
 				vals := make([]int64, n)
 				for i := range vals {

@@ -327,10 +327,18 @@ func (c *Client) attempt(ctx context.Context, addr string, fn func(ctx context.C
 			return err
 		}
 	}
-	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "connection") {
+	st, ok := status.FromError(err)
+	if ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "connection") {
 		// The transport's own failure (refused, reset, closing), not a
 		// node's answer.
 		c.markSilent(addr)
+	}
+	if ok && st.Code() == codes.Canceled && actx.Err() == nil {
+		// Cancelled, but not by this client: the server reset the stream
+		// (it was closing) or the connection went. The outcome is unknown,
+		// like a timeout's, and a retry (same sequence number) is safe.
+		// Returned as a plain error so fromStatus leaves it retryable.
+		return fmt.Errorf("%w: node %s cancelled the call: %v", ErrUnavailable, addr, err)
 	}
 	return err
 }

@@ -372,8 +372,12 @@ func TestAsyncResumesAfterClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.FirstStep != 41 || res.Steps != 100 {
-		t.Fatalf("resumed run went from step %d to %d, want 41 to 100", res.FirstStep, res.Steps)
+	// The async clock of step 41 is written beside its pushes (loop.go), so
+	// it may land before the kill cuts the pushes off: the resumed run then
+	// skips that one batch, as documented. It must never resume earlier
+	// (that would apply step 40's pushes twice) or skip more.
+	if (res.FirstStep != 41 && res.FirstStep != 42) || res.Steps != 100 {
+		t.Fatalf("resumed run went from step %d to %d, want 41 (or 42) to 100", res.FirstStep, res.Steps)
 	}
 	if dense[0] == 0 {
 		t.Fatal("the dense table did not move in 40 steps")

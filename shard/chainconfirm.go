@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -165,11 +166,7 @@ func (n *Node) localChainEpochs(ctx context.Context, groups []string) ([]uint64,
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: confirming chain epochs: %w", ErrUnavailable, err)
 		}
-		addr, id := n.meta.Raft.LeaderWithID()
-		if string(addr) == n.cfg.Addr {
-			addr, id = "", ""
-		}
-		return nil, &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
+		return nil, n.notMetaLeader()
 	}
 	epochs := make([]uint64, len(groups))
 	for i, g := range groups {
@@ -246,31 +243,52 @@ func (n *Node) chainEpochs(groups []string) (map[string]uint64, error) {
 		}
 	}()
 	var epochs []uint64
-	addr, _ := n.meta.Raft.LeaderWithID()
-	switch addr {
-	case "":
-		return nil, fmt.Errorf("no metadata leader is known")
-	case raft.ServerAddress(n.cfg.Addr):
-		var err error
-		if epochs, err = n.localChainEpochs(ctx, groups); err != nil {
-			return nil, err
-		}
-	default:
-		ps, err := n.peerStub(string(addr))
-		if err != nil {
-			return nil, err
-		}
+	err := n.atMetaLeader(func() (err error) {
+		epochs, err = n.localChainEpochs(ctx, groups)
+		return err
+	}, func(ps shardpb.ParameterServerClient, addr raft.ServerAddress) error {
 		resp, err := ps.ConfirmChains(ctx, &shardpb.ConfirmChainsRequest{Groups: groups})
 		if err != nil {
-			return nil, fmt.Errorf("asking metadata leader %s: %w", addr, err)
+			return fmt.Errorf("asking metadata leader %s: %w", addr, err)
 		}
 		if epochs = resp.Epochs; len(epochs) != len(groups) {
-			return nil, fmt.Errorf("metadata leader %s answered %d epochs for %d chains", addr, len(epochs), len(groups))
+			return fmt.Errorf("metadata leader %s answered %d epochs for %d chains", addr, len(epochs), len(groups))
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make(map[string]uint64, len(groups))
 	for i, g := range groups {
 		out[g] = epochs[i]
 	}
 	return out, nil
+}
+
+// atMetaLeader runs local if this node leads the metadata group as far as
+// its replica knows, else remote with a stub of the leader it knows.
+func (n *Node) atMetaLeader(local func() error, remote func(ps shardpb.ParameterServerClient, addr raft.ServerAddress) error) error {
+	addr, _ := n.meta.Raft.LeaderWithID()
+	switch addr {
+	case "":
+		return errors.New("no metadata leader is known")
+	case raft.ServerAddress(n.cfg.Addr):
+		return local()
+	}
+	ps, err := n.peerStub(string(addr))
+	if err != nil {
+		return err
+	}
+	return remote(ps, addr)
+}
+
+// notMetaLeader is the answer to a request only the metadata leader takes:
+// the leader this node knows, if another.
+func (n *Node) notMetaLeader() error {
+	addr, id := n.meta.Raft.LeaderWithID()
+	if string(addr) == n.cfg.Addr {
+		addr, id = "", ""
+	}
+	return &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
 }

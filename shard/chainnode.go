@@ -387,8 +387,7 @@ func (s *service) ReportBroken(ctx context.Context, req *shardpb.ReportBrokenReq
 
 func (n *Node) takeBrokenReport(req *shardpb.ReportBrokenRequest) error {
 	if n.meta.Raft.State() != raft.Leader {
-		addr, id := n.meta.Raft.LeaderWithID()
-		return &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
+		return n.notMetaLeader()
 	}
 	if sm := n.metaFSM.shardMapByID(req.Group); sm == nil || !slices.Contains(sm.Replicas, req.NodeId) {
 		return nil // removed already, or never there: nothing to do
@@ -422,19 +421,11 @@ func (n *Node) reportBrokenChains() {
 }
 
 func (n *Node) sendBrokenReport(r *shardpb.ReportBrokenRequest) error {
-	addr, _ := n.meta.Raft.LeaderWithID()
-	switch addr {
-	case "":
-		return errors.New("no metadata leader is known")
-	case raft.ServerAddress(n.cfg.Addr):
-		return n.takeBrokenReport(r)
-	}
-	ps, err := n.peerStub(string(addr))
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_, err = ps.ReportBroken(ctx, r)
-	return err
+	return n.atMetaLeader(func() error { return n.takeBrokenReport(r) },
+		func(ps shardpb.ParameterServerClient, _ raft.ServerAddress) error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := ps.ReportBroken(ctx, r)
+			return err
+		})
 }

@@ -79,7 +79,7 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 			conns := loopbackConns(b, n)
 			b.SetBytes(total)
 			b.ResetTimer()
-			sec := loopbackRun(b, conns, total, b.N, nil)
+			sec := loopbackRun(b, conns, total, b.N, loopbackBufs(n, loopbackPiece))
 			b.StopTimer()
 			per := float64(total) * float64(b.N) / sec / 1e9
 			b.ReportMetric(per, "stream-GB/s")
@@ -112,23 +112,40 @@ func loopbackConns(b *testing.B, n int) [][2]net.Conn {
 	return conns
 }
 
+// loopbackPiece is the size of every write (and the most read at once) of
+// the loopback transfers.
+const loopbackPiece = 512 << 10
+
+// loopbackBufs returns, for each of n connections, a buffer to send from
+// and one to receive into, of size bytes each (a multiple of
+// loopbackPiece). Allocated once per benchmark, so that no transfer pays
+// for first touching its memory.
+func loopbackBufs(n, size int) [][2][]byte {
+	bufs := make([][2][]byte, n)
+	for i := range bufs {
+		bufs[i] = [2][]byte{make([]byte, size), make([]byte, size)}
+		for j := range bufs[i] {
+			for k := range bufs[i][j] {
+				bufs[i][j][k] = byte(k)
+			}
+		}
+	}
+	return bufs
+}
+
 // loopbackRun pushes iters*total bytes through every connection at once
-// (one writer and one reader goroutine each, 512 KiB writes) and returns the
-// elapsed seconds. With cold == nil the writer sends the same 512 KiB buffer
-// over and over and the reader reads into another, so both stay in cache.
-// Otherwise cold[i] holds two buffers of total bytes for connection i, which
-// the writer sends from and the reader receives into, 512 KiB at a time,
-// as a ring allreduce of total bytes sends from and receives into memory
-// that is not in cache.
-func loopbackRun(b *testing.B, conns [][2]net.Conn, total, iters int, cold [][2][]byte) float64 {
-	const piece = 512 << 10
+// (one writer and one reader goroutine each, writes of loopbackPiece) and
+// returns the elapsed seconds. bufs[i] holds connection i's buffers, which
+// the writer sends from and the reader receives into, loopbackPiece at a
+// time, wrapping around: buffers of loopbackPiece bytes stay in cache
+// ("hot"), buffers of total bytes do not, as a ring allreduce of total
+// bytes sends from and receives into memory that is not in cache ("cold").
+func loopbackRun(b *testing.B, conns [][2]net.Conn, total, iters int, bufs [][2][]byte) float64 {
+	const piece = loopbackPiece
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, cs := range conns {
-		src, dst := make([]byte, piece), make([]byte, piece)
-		if cold != nil {
-			src, dst = cold[i][0], cold[i][1]
-		}
+		src, dst := bufs[i][0], bufs[i][1]
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
@@ -170,8 +187,10 @@ func loopbackRun(b *testing.B, conns [][2]net.Conn, total, iters int, cold [][2]
 // allreduce of each schedule and each loopback transfer, in an order that
 // rotates, so that load from elsewhere on the machine hits all of them
 // alike. It reports each one's bus bandwidth (for loopback, the per-stream
-// rate), each schedule's busbw as a percentage of the hot loopback rate,
-// and the wavefront's speedup over lockstep, all from the median time.
+// rate) from the median times, each schedule's busbw as a percentage of
+// the hot loopback rate and the wavefront's as a percentage of the cold
+// one (medians of per-iteration ratios), and the wavefront's speedup over
+// lockstep.
 func BenchmarkRingSchedule(b *testing.B) {
 	scheds := []struct {
 		name  string
@@ -188,16 +207,13 @@ func BenchmarkRingSchedule(b *testing.B) {
 					bufs[r] = make([]float32, size/4)
 				}
 				const wire = 64 << 20
-				cold := make([][2][]byte, n)
-				for i := range cold {
-					cold[i] = [2][]byte{make([]byte, wire), make([]byte, wire)}
-				}
+				hotBufs, cold := loopbackBufs(n, loopbackPiece), loopbackBufs(n, wire)
 				hot, coldLoop := len(scheds), len(scheds)+1
 				sec := make([][]float64, len(scheds)+2) // per iteration
 				run := func(j int) float64 {
 					switch j {
 					case hot:
-						return loopbackRun(b, conns, wire, 1, nil)
+						return loopbackRun(b, conns, wire, 1, hotBufs)
 					case coldLoop:
 						return loopbackRun(b, conns, wire, 1, cold)
 					}
@@ -220,11 +236,27 @@ func BenchmarkRingSchedule(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				// Medians, which a burst of load elsewhere moves less than means.
+				// Medians, which a burst of load elsewhere moves less than
+				// means; the percentages are medians of each iteration's own
+				// ratio, so that the host's loopback rate drifting between
+				// iterations (it does, by up to 30% within minutes) cancels
+				// out of them.
+				median := func(ts []float64) float64 {
+					ts = slices.Clone(ts)
+					slices.Sort(ts)
+					return (ts[(len(ts)-1)/2] + ts[len(ts)/2]) / 2
+				}
+				busFactor := float64(size) / float64(wire) * 2 * float64(n-1) / float64(n)
+				pct := func(j, ref int) float64 {
+					rs := make([]float64, len(sec[j]))
+					for i := range rs {
+						rs[i] = 100 * busFactor * sec[ref][i] / sec[j][i]
+					}
+					return median(rs)
+				}
 				med := make([]float64, len(sec))
 				for j, ts := range sec {
-					slices.Sort(ts)
-					med[j] = (ts[(len(ts)-1)/2] + ts[len(ts)/2]) / 2
+					med[j] = median(ts)
 				}
 				rate := func(j int) float64 { return float64(wire) / med[j] / 1e9 }
 				b.ReportMetric(rate(hot), "loopback-GB/s")
@@ -232,8 +264,9 @@ func BenchmarkRingSchedule(b *testing.B) {
 				for j, sc := range scheds {
 					bus := float64(size) / med[j] / 1e9 * 2 * float64(n-1) / float64(n)
 					b.ReportMetric(bus, sc.name+"-busbw-GB/s")
-					b.ReportMetric(100*bus/rate(hot), sc.name+"-%loopback")
+					b.ReportMetric(pct(j, hot), sc.name+"-%loopback")
 				}
+				b.ReportMetric(pct(2, coldLoop), "wavefront-%cold")
 				b.ReportMetric(med[0]/med[2], "wavefront-speedup")
 			})
 		}

@@ -107,7 +107,8 @@ type Forward struct {
 	// reads only once it has applied this far.
 	CommitFloor uint64 `protobuf:"varint,4,opt,name=commit_floor,json=commitFloor,proto3" json:"commit_floor,omitempty"`
 	// Consecutive log entries starting at first_index; each is
-	// creation epoch u64 | command (see replication/command.go).
+	// creation epoch u64 | command (see replication/command.go). No entries
+	// with first_index set: the resume message (see Replicate).
 	FirstIndex uint64   `protobuf:"varint,5,opt,name=first_index,json=firstIndex,proto3" json:"first_index,omitempty"`
 	Entries    [][]byte `protobuf:"bytes,6,rep,name=entries,proto3" json:"entries,omitempty"`
 	// A snapshot (an FSM snapshot stream, as fsm.Snapshot writes it) of the

@@ -36,7 +36,14 @@ type ChainClient interface {
 	// answers with an Ack whose hello is set (its applied index and the epoch
 	// that entry was created in), and the predecessor then streams a snapshot
 	// if the successor needs one, then log entries from the successor's
-	// applied index + 1 on. Acks (the successor's committed index) flow back on
+	// applied index + 1 on. When no snapshot is needed, the predecessor's
+	// first message after the hello is a resume message: a Forward with
+	// first_index = the successor's applied index + 1 and no entries, sent at
+	// once. It tells the successor that its log matches the predecessor's up
+	// to its last entry, which the successor needs before it counts its log
+	// as the chain's (commits, serves linearizable reads, forwards); a
+	// first_index that does not follow the successor's last entry is refused
+	// with BAD_REQUEST. Acks (the successor's committed index) flow back on
 	// the same stream whenever it grows. Either side ends the stream when its
 	// epoch changes.
 	Replicate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Forward, Ack], error)
@@ -84,7 +91,14 @@ type ChainServer interface {
 	// answers with an Ack whose hello is set (its applied index and the epoch
 	// that entry was created in), and the predecessor then streams a snapshot
 	// if the successor needs one, then log entries from the successor's
-	// applied index + 1 on. Acks (the successor's committed index) flow back on
+	// applied index + 1 on. When no snapshot is needed, the predecessor's
+	// first message after the hello is a resume message: a Forward with
+	// first_index = the successor's applied index + 1 and no entries, sent at
+	// once. It tells the successor that its log matches the predecessor's up
+	// to its last entry, which the successor needs before it counts its log
+	// as the chain's (commits, serves linearizable reads, forwards); a
+	// first_index that does not follow the successor's last entry is refused
+	// with BAD_REQUEST. Acks (the successor's committed index) flow back on
 	// the same stream whenever it grows. Either side ends the stream when its
 	// epoch changes.
 	Replicate(grpc.BidiStreamingServer[Forward, Ack]) error

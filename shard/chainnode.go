@@ -35,7 +35,95 @@ func (n *Node) Chain(table string, shard uint32) *replication.Chain {
 
 // chainDir is where a chain replica keeps its log and snapshots: apart from
 // Raft groups' directories, which findRetired and gcRetired manage.
+// reconcileChain deletes a replica it sees the map remove; gcLeftChains
+// those removed while the node was down.
 func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, "chains", id) }
+
+// findLeftChains marks the chain replicas on disk that this node's map, as
+// restored at start, does not place here. They are left behind when a node
+// is down while the metadata leader removes it from a chain: by the time it
+// restarts, its map may already say so, and reconcileChain then never opens
+// (and so never deletes) the replica. gcLeftChains deletes them.
+func (n *Node) findLeftChains() {
+	root := filepath.Join(n.cfg.DataDir, "chains")
+	tables, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, t := range tables {
+		shards, err := os.ReadDir(filepath.Join(root, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, s := range shards {
+			var sh uint32
+			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil || s.Name() != fmt.Sprint(sh) {
+				continue
+			}
+			if sm := n.metaFSM.shardMap(t.Name(), sh); sm == nil || !isReplica(sm, n.cfg.ID) {
+				n.leftChains[groupID(t.Name(), sh)] = true
+			}
+		}
+	}
+}
+
+// gcLeftChains deletes the left-behind chain replicas (findLeftChains) that
+// the metadata leader confirms this node is no member of: the leader
+// answers with each chain's current epoch after a barrier, and a replica is
+// deleted once this node's map holds that very epoch without it. The data
+// of a chain member is never needed after its removal: if the map appends
+// the node again (even right after the answer), reconcileChain, which runs
+// in the same loop, opens the replica anew and its predecessor catches it
+// up, by snapshot if need be. A replica of a chain that the leader does
+// not know is kept (it is not this cluster's to delete) and no longer asked
+// about.
+func (n *Node) gcLeftChains() {
+	var ids []string
+	for _, id := range slices.Sorted(maps.Keys(n.leftChains)) {
+		if n.chainOpen(id) {
+			delete(n.leftChains, id) // reopened: reconcileChain owns it again
+			continue
+		}
+		if len(ids) < gcPerTick {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	epochs, err := n.chainEpochs(slices.Clone(ids))
+	if err != nil {
+		n.log.Debug("cannot confirm left-behind chain replicas yet", "groups", ids, "error", err)
+		return
+	}
+	for _, id := range ids {
+		e := epochs[id]
+		sm := n.metaFSM.shardMapByID(id)
+		switch {
+		case e == 0:
+			n.log.Warn("keeping a chain replica on disk that the metadata leader does not know", "group", id, "dir", n.chainDir(id))
+			delete(n.leftChains, id)
+		case sm == nil || sm.Epoch != e:
+			// This node's map has not caught up with the leader's answer
+			// (or moved past it): ask again next pass.
+		case isReplica(sm, n.cfg.ID):
+			delete(n.leftChains, id) // appended again: reconcileChain opens it
+		default:
+			if err := os.RemoveAll(n.chainDir(id)); err != nil {
+				n.log.Warn("deleting a left-behind chain replica", "group", id, "error", err)
+				continue
+			}
+			delete(n.leftChains, id)
+			n.log.Info("left-behind chain replica deleted: the map removed this node while it was down", "group", id, "epoch", e)
+		}
+	}
+}
+
+func (n *Node) chainOpen(id string) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.chains[id] != nil
+}
 
 // chainOrder is sm's replica list as addresses, or false if the map lacks
 // one's address.
@@ -66,6 +154,7 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 	ch := n.Chain(sm.Table, sm.Shard)
 	switch {
 	case member && ch == nil:
+		delete(n.leftChains, id)
 		cfg, err := tableConfig(spec)
 		if err != nil {
 			n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)

@@ -48,6 +48,7 @@ func (n *Node) reconcileLoop() {
 	retry := time.NewTicker(reconcileInterval)
 	defer retry.Stop()
 	n.findRetired()
+	n.findLeftChains()
 	for {
 		select {
 		case <-n.closed:
@@ -67,6 +68,7 @@ func (n *Node) reconcileLoop() {
 		n.balanceLeaders(cm)
 		n.repairDrift(cm)
 		n.gcRetired(cm)
+		n.gcLeftChains()
 		n.members.setLocal(cm.Version, n.leaderCount())
 	}
 }

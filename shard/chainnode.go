@@ -39,11 +39,13 @@ func (n *Node) Chain(table string, shard uint32) *replication.Chain {
 // those removed while the node was down.
 func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, "chains", id) }
 
-// findLeftChains marks the chain replicas on disk that this node's map, as
-// restored at start, does not place here. They are left behind when a node
-// is down while the metadata leader removes it from a chain: by the time it
-// restarts, its map may already say so, and reconcileChain then never opens
-// (and so never deletes) the replica. gcLeftChains deletes them.
+// findLeftChains marks every chain replica on disk, at start, for
+// gcLeftChains to look at. A replica is left behind when its node is down
+// while the metadata leader removes it from the chain: the restarted node's
+// map may say so before reconcileChain ever opens (and so deletes) it. The
+// map a node starts with may be older or newer than that removal, so it
+// decides nothing here: replicas the map still gives this node are opened
+// by reconcileChain and dropped from the set.
 func (n *Node) findLeftChains() {
 	root := filepath.Join(n.cfg.DataDir, "chains")
 	tables, err := os.ReadDir(root)
@@ -60,9 +62,7 @@ func (n *Node) findLeftChains() {
 			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil || s.Name() != fmt.Sprint(sh) {
 				continue
 			}
-			if sm := n.metaFSM.shardMap(t.Name(), sh); sm == nil || !isReplica(sm, n.cfg.ID) {
-				n.leftChains[groupID(t.Name(), sh)] = true
-			}
+			n.leftChains[groupID(t.Name(), sh)] = true
 		}
 	}
 }
@@ -106,14 +106,15 @@ func (n *Node) gcLeftChains() {
 		case sm == nil || sm.Epoch != e:
 			// This node's map has not caught up with the leader's answer
 			// (or moved past it): ask again next pass.
-		case isReplica(sm, n.cfg.ID):
-			delete(n.leftChains, id) // appended again: reconcileChain opens it
+		case isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID:
+			delete(n.leftChains, id) // still or again a member: reconcileChain opens it
 		default:
 			if err := os.RemoveAll(n.chainDir(id)); err != nil {
 				n.log.Warn("deleting a left-behind chain replica", "group", id, "error", err)
 				continue
 			}
 			delete(n.leftChains, id)
+			os.Remove(filepath.Dir(n.chainDir(id))) // the table's directory, if that was its last shard here
 			n.log.Info("left-behind chain replica deleted: the map removed this node while it was down", "group", id, "epoch", e)
 		}
 	}

@@ -35,17 +35,17 @@ func (n *Node) Chain(table string, shard uint32) *replication.Chain {
 
 // chainDir is where a chain replica keeps its log and snapshots: apart from
 // Raft groups' directories, which findRetired and gcRetired manage.
-// reconcileChain deletes a replica it sees the map remove; gcLeftChains
-// those removed while the node was down.
+// reconcileChain and gcLeftChains delete chain replicas.
 func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, "chains", id) }
 
 // findLeftChains marks every chain replica on disk, at start, for
-// gcLeftChains to look at. A replica is left behind when its node is down
-// while the metadata leader removes it from the chain: the restarted node's
-// map may say so before reconcileChain ever opens (and so deletes) it. The
-// map a node starts with may be older or newer than that removal, so it
-// decides nothing here: replicas the map still gives this node are opened
-// by reconcileChain and dropped from the set.
+// gcLeftChains to look at: replicas the node kept when a short chain
+// dropped it (reconcileChain) and replicas of chains that went on without
+// it while it was down, whose removal its restored map may already show, so
+// that reconcileChain never opens (and so never deletes) them. The map a
+// node starts with may be older or newer than such a removal, so it decides
+// nothing here: replicas the map still gives this node are opened by
+// reconcileChain and dropped from the set.
 func (n *Node) findLeftChains() {
 	root := filepath.Join(n.cfg.DataDir, "chains")
 	tables, err := os.ReadDir(root)
@@ -62,29 +62,34 @@ func (n *Node) findLeftChains() {
 			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil || s.Name() != fmt.Sprint(sh) {
 				continue
 			}
-			n.leftChains[groupID(t.Name(), sh)] = true
+			n.leftChains[groupID(t.Name(), sh)] = time.Time{}
 		}
 	}
 }
 
-// gcLeftChains deletes the left-behind chain replicas (findLeftChains) that
-// the metadata leader confirms this node is no member of: the leader
-// answers with each chain's current epoch after a barrier, and a replica is
-// deleted once this node's map holds that very epoch without it. The data
-// of a chain member is never needed after its removal: if the map appends
-// the node again (even right after the answer), reconcileChain, which runs
-// in the same loop, opens the replica anew and its predecessor catches it
-// up, by snapshot if need be. A replica of a chain that the leader does
-// not know is kept (it is not this cluster's to delete) and no longer asked
-// about.
+// gcLeftChains deletes the left-behind chain replicas (findLeftChains,
+// reconcileChain) that the metadata leader confirms this node is no member
+// of and will not be appended to again: the leader answers with each
+// chain's current epoch after a barrier, and a replica is deleted once this
+// node's map holds that very epoch, without this node, and with a full
+// chain (the table's replica count). A short chain keeps the replica: the
+// scheduler appends a node restarted within the repair grace again, and a
+// replica it still holds catches up from its predecessor's log instead of
+// a whole snapshot. A member's data is never needed after its removal, so a
+// deletion is safe even if the map appends the node right after the
+// answer: reconcileChain, which runs in the same loop, then opens the
+// replica anew and its predecessor catches it up by snapshot. A chain the
+// leader does not know is kept (it is not this cluster's to delete) and no
+// longer asked about.
 func (n *Node) gcLeftChains() {
+	now := time.Now()
 	var ids []string
 	for _, id := range slices.Sorted(maps.Keys(n.leftChains)) {
 		if n.chainOpen(id) {
 			delete(n.leftChains, id) // reopened: reconcileChain owns it again
 			continue
 		}
-		if len(ids) < gcPerTick {
+		if len(ids) < gcPerTick && !now.Before(n.leftChains[id]) {
 			ids = append(ids, id)
 		}
 	}
@@ -99,15 +104,21 @@ func (n *Node) gcLeftChains() {
 	for _, id := range ids {
 		e := epochs[id]
 		sm := n.metaFSM.shardMapByID(id)
+		var spec *shardpb.TableSpec
+		if sm != nil {
+			spec = n.metaFSM.table(sm.Table)
+		}
 		switch {
 		case e == 0:
 			n.log.Warn("keeping a chain replica on disk that the metadata leader does not know", "group", id, "dir", n.chainDir(id))
 			delete(n.leftChains, id)
-		case sm == nil || sm.Epoch != e:
+		case sm == nil || sm.Epoch != e || spec == nil:
 			// This node's map has not caught up with the leader's answer
 			// (or moved past it): ask again next pass.
 		case isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID:
 			delete(n.leftChains, id) // still or again a member: reconcileChain opens it
+		case len(sm.Replicas) < int(spec.Replicas):
+			n.leftChains[id] = now.Add(leftChainRecheck) // may be appended again
 		default:
 			if err := os.RemoveAll(n.chainDir(id)); err != nil {
 				n.log.Warn("deleting a left-behind chain replica", "group", id, "error", err)
@@ -115,10 +126,14 @@ func (n *Node) gcLeftChains() {
 			}
 			delete(n.leftChains, id)
 			os.Remove(filepath.Dir(n.chainDir(id))) // the table's directory, if that was its last shard here
-			n.log.Info("left-behind chain replica deleted: the map removed this node while it was down", "group", id, "epoch", e)
+			n.log.Info("left-behind chain replica deleted: the chain went on without this node while it was down", "group", id, "epoch", e, "chain", sm.Replicas)
 		}
 	}
 }
+
+// leftChainRecheck is how long gcLeftChains waits before asking again
+// about a left-behind replica of a chain that is one member short.
+const leftChainRecheck = 5 * time.Second
 
 func (n *Node) chainOpen(id string) bool {
 	n.mu.RLock()
@@ -143,12 +158,16 @@ func chainOrder(sm *shardpb.ShardMap, addrOf map[string]string) ([]string, bool)
 // reconcileChain opens, configures and closes this node's replica of a
 // chain shard to match its map entry.
 //
-// A replica the map no longer places here is closed and its data deleted at
-// once: a chain member's data is never needed after its removal (a node the
-// map appends again is caught up by its predecessor, by snapshot if its log
-// does not match). Data is deleted only on a removal this loop sees, never
-// on the strength of a map this node has just restarted with, which may be
-// older than a later re-append.
+// A replica the map no longer places here is closed at once. Its data is
+// deleted with it if the replica is broken or the chain went on without
+// this node (it has the table's replica count), since a member's data is
+// never needed after its removal. Otherwise (the chain is short: this node
+// was removed while down, paused or cut off) the data stays on disk for
+// gcLeftChains to decide: the scheduler will likely append this node again,
+// and its predecessor then sends only what the replica lacks instead of a
+// snapshot of the whole shard. A node restarted after its removal opens its
+// replica under its restored map and closes it again once the map catches
+// up, so this is the common case.
 func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, addrOf map[string]string) {
 	id := shardMapKey(sm)
 	member := isReplica(sm, n.cfg.ID)
@@ -167,6 +186,12 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 		}
 		n.log.Info("chain replica opened", "group", id, "epoch", sm.Epoch)
 	case !member && ch != nil:
+		if ch.Err() == nil && len(sm.Replicas) < int(spec.Replicas) {
+			n.closeChain(id, false)
+			n.leftChains[id] = time.Now().Add(leftChainRecheck)
+			n.log.Info("chain replica closed and kept on disk: the map removed this node from a chain that is short, which may append it again", "group", id, "epoch", sm.Epoch)
+			return
+		}
 		n.closeChain(id, true)
 		n.log.Info("chain replica closed and deleted: the map moved it away", "group", id, "epoch", sm.Epoch)
 		return

@@ -175,11 +175,11 @@ type Node struct {
 	// their data is deleted once the group's leader confirms the node is
 	// out of its configuration (gcRetired). Only reconcileLoop uses it.
 	retired map[string]bool
-	// leftChains: chain replicas on disk that this node does not hold open
-	// and its map did not place here when it started (a node down while
-	// the metadata leader removed it); deleted once the metadata leader's
-	// map confirms it (gcLeftChains). Only reconcileLoop uses it.
-	leftChains map[string]bool
+	// leftChains: chain replicas found on disk at start that this node has
+	// not opened (yet), each with when gcLeftChains may next ask about it;
+	// those the chain went on without are deleted. Only reconcileLoop uses
+	// it.
+	leftChains map[string]time.Time
 	// lastTransfer: when this node last handed a group's leadership to the
 	// map's preferred leader. Only reconcileLoop uses it.
 	lastTransfer map[string]time.Time
@@ -236,7 +236,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
 		groups: map[string]*replication.Group{}, chains: map[string]*replication.Chain{},
-		retired: map[string]bool{}, leftChains: map[string]bool{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
+		retired: map[string]bool{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		leases: map[string]*readLease{},
 		kick:   make(chan struct{}, 1),
 		closed: make(chan struct{}),

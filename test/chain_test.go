@@ -58,6 +58,28 @@ func (c *Cluster) oneChainPushed(table string) (*shard.Client, *shardpb.ShardMap
 	return cl, c.waitChain(table, 0, 10*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
 }
 
+// middleReplica returns the middle member of sm's chain, its index and its
+// replica's directory.
+func (c *Cluster) middleReplica(sm *shardpb.ShardMap) (id string, i int, dir string) {
+	id = sm.Replicas[1]
+	i = c.Index(id)
+	return id, i, filepath.Join(c.cfgs[i].DataDir, "chains", sm.Table, fmt.Sprint(sm.Shard))
+}
+
+// pushSecond pushes (1, 0) to key 7 of oneChainPushed's table again and
+// checks that the row holds both pushes.
+func (c *Cluster) pushSecond(cl *shard.Client, table string) {
+	c.t.Helper()
+	ctx := context.Background()
+	if err := cl.Push(ctx, table, []uint64{7}, []float32{1, 0}); err != nil {
+		c.t.Fatal(err)
+	}
+	out := make([]float32, 2)
+	if err := cl.Pull(ctx, table, []uint64{7}, out); err != nil || out[0] != -2 {
+		c.t.Errorf("row after two acknowledged pushes: %v, %v; want -2", out, err)
+	}
+}
+
 // TestChainHistoryThroughKills runs pushes and linearizable pulls from
 // several clients against a chain table while the head, then the tail, then
 // a middle member of shard 0 is killed (each restarted after the meta group
@@ -395,10 +417,7 @@ func TestChainLeftReplicaDeleted(t *testing.T) {
 	c := StartClusterWith(t, 4, FastRaft(), func(cfg *shard.NodeConfig) { cfg.RepairGrace = 2 * time.Second })
 	const table = "cleft"
 	cl, sm := c.oneChainPushed(table)
-	ctx := context.Background()
-	victimID := sm.Replicas[1]
-	vi := c.Index(victimID)
-	dir := filepath.Join(c.cfgs[vi].DataDir, "chains", table, "0")
+	victimID, vi, dir := c.middleReplica(sm)
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("%s's chain replica is not at %s: %v", victimID, dir, err)
 	}
@@ -415,11 +434,31 @@ func TestChainLeftReplicaDeleted(t *testing.T) {
 	if x := c.ShardMap(table, 0); slices.Contains(x.Replicas, victimID) || c.Node(vi).Chain(table, 0) != nil {
 		t.Errorf("%s is a member again (%v) or holds the replica open; the test expects the map to leave it out", victimID, x.Replicas)
 	}
-	if err := cl.Push(ctx, table, []uint64{7}, []float32{1, 0}); err != nil {
+	c.pushSecond(cl, table)
+}
+
+// TestChainRestartedMemberKeepsItsReplica kills a chain member until the
+// metadata leader removes it (three nodes: nobody can replace it), restarts
+// it and checks that it is appended again with the replica it left on disk
+// (a marker file put there while it was down survives), not a replica
+// deleted and rebuilt from a snapshot, and that the row is intact.
+func TestChainRestartedMemberKeepsItsReplica(t *testing.T) {
+	c := StartCluster(t, 3, FastRaft())
+	const table = "ckeep"
+	cl, sm := c.oneChainPushed(table)
+	victimID, vi, dir := c.middleReplica(sm)
+	c.Kill(vi)
+	c.waitChain(table, 0, 20*time.Second, victimID+" removed", func(x *shardpb.ShardMap) bool { return !slices.Contains(x.Replicas, victimID) })
+	marker := filepath.Join(dir, "test-marker")
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := make([]float32, 2)
-	if err := cl.Pull(ctx, table, []uint64{7}, out); err != nil || out[0] != -2 {
-		t.Errorf("row after two acknowledged pushes: %v, %v; want -2", out, err)
+	c.Start(vi)
+	after := c.waitChain(table, 0, 30*time.Second, victimID+" appended again", func(x *shardpb.ShardMap) bool { return slices.Contains(x.Replicas, victimID) })
+	c.waitFor(10*time.Second, victimID+" opens its replica", func() bool { return c.Node(vi).Chain(table, 0) != nil })
+	t.Logf("%s appended again: order %v, epoch %d", victimID, after.Replicas, after.Epoch)
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("%s's replica was deleted before it was appended again: %v", victimID, err)
 	}
+	c.pushSecond(cl, table)
 }

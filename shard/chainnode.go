@@ -75,12 +75,12 @@ func (n *Node) findLeftChains() {
 // chain (the table's replica count). A short chain keeps the replica: the
 // scheduler appends a node restarted within the repair grace again, and a
 // replica it still holds catches up from its predecessor's log instead of
-// a whole snapshot. A member's data is never needed after its removal, so a
-// deletion is safe even if the map appends the node right after the
-// answer: reconcileChain, which runs in the same loop, then opens the
-// replica anew and its predecessor catches it up by snapshot. A chain the
-// leader does not know is kept (it is not this cluster's to delete) and no
-// longer asked about.
+// receiving the whole shard again. A member's data is never needed after
+// its removal, so a deletion is safe even if the map appends the node right
+// after the answer: reconcileChain, which runs in the same loop, then opens
+// the replica anew and its predecessor catches it up from scratch. A chain
+// the leader does not know is kept (it is not this cluster's to delete) and
+// no longer asked about.
 func (n *Node) gcLeftChains() {
 	now := time.Now()
 	var ids []string
@@ -164,10 +164,10 @@ func chainOrder(sm *shardpb.ShardMap, addrOf map[string]string) ([]string, bool)
 // never needed after its removal. Otherwise (the chain is short: this node
 // was removed while down, paused or cut off) the data stays on disk for
 // gcLeftChains to decide: the scheduler will likely append this node again,
-// and its predecessor then sends only what the replica lacks instead of a
-// snapshot of the whole shard. A node restarted after its removal opens its
-// replica under its restored map and closes it again once the map catches
-// up, so this is the common case.
+// and its predecessor then sends only what the replica lacks instead of
+// the whole shard again (its snapshot or its whole log). A node restarted
+// after its removal opens its replica under its restored map and closes it
+// again once the map catches up, so this is the common case.
 func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, addrOf map[string]string) {
 	id := shardMapKey(sm)
 	member := isReplica(sm, n.cfg.ID)

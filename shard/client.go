@@ -335,8 +335,12 @@ func (c *Client) attempt(ctx context.Context, addr string, fn func(ctx context.C
 	}
 	if ok && st.Code() == codes.Canceled && actx.Err() == nil {
 		// Cancelled, but not by this client: the server reset the stream
-		// (it was closing) or the connection went. The outcome is unknown,
-		// like a timeout's, and a retry (same sequence number) is safe.
+		// (RST_STREAM CANCEL: it was closing, or, as gRPC servers do, it saw
+		// the deadline the attempt sent it pass before this client's clock
+		// did; grpc-go turns that into DeadlineExceeded only when the local
+		// deadline has passed too, grpc/grpc-go#2211) or the connection
+		// went. The outcome is unknown, like a timeout's, and a retry (same
+		// sequence number) is safe.
 		// Returned as a plain error so fromStatus leaves it retryable.
 		return fmt.Errorf("%w: node %s cancelled the call: %v", ErrUnavailable, addr, err)
 	}

@@ -223,7 +223,14 @@ func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Co
 	return t.Transport.DialTimeout(addr, timeout)
 }
 
+// Shutdown shuts the wrapped transport down before it stops filtering:
+// memberlist shuts its transport down while its own packet handler still
+// reads (so that the transport's listeners can finish), and the wrapped
+// transport's UDP listener waits to hand over a packet it has read. Stopping
+// the filter first left that listener blocked for ever, and Shutdown (so
+// Node.Close) waiting for it.
 func (t *faultTransport) Shutdown() error {
+	err := t.Transport.Shutdown()
 	t.once.Do(func() { close(t.done) })
-	return t.Transport.Shutdown()
+	return err
 }

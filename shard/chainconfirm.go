@@ -30,19 +30,19 @@ import (
 // some moment after the read began, and every push acknowledged before the
 // read began was committed in that epoch or an earlier one, so it reached
 // this member (a member that is not caught up sends the read to the tail):
-// the read is linearizable. The metadata leader answers after a barrier, so
-// its metadata then includes every change committed before the question.
+// the read is linearizable. The metadata leader answers once its metadata
+// includes every change committed before the question (metaBarrier).
 //
 // A bounded(δ) read needs only an answer sent less than δ ago: every push
 // acknowledged more than δ before the read was acknowledged before that
 // question was sent, and the member had it. Eventual reads confirm nothing.
 //
-// Cost: a round trip to the metadata leader and a barrier (one fsync'd log
-// entry of the metadata group) per batch. The questions of every read that
-// arrives while one is under way travel together in the next, so a node
-// sends at most one at a time whatever its read rate; the metadata leader
-// likewise runs one barrier for every question that arrived while the last
-// one ran. And chain reads depend on the metadata group: while it has no
+// Cost: a round trip to the metadata leader and a leadership check there
+// (a heartbeat round; no log entry) per batch. The questions of every read
+// that arrives while one is under way travel together in the next, so a
+// node sends at most one at a time whatever its read rate; the metadata
+// leader likewise runs one check for every question that arrived while the
+// last one ran. And chain reads depend on the metadata group: while it has no
 // leader, linearizable chain reads wait (bounded ones within their bound and
 // eventual ones do not).
 
@@ -127,20 +127,83 @@ func (c *coalescer[Q, A]) loop(r *coalescedRun[Q, A]) {
 
 // metaBarrier returns nil once this node, as the metadata leader, has
 // applied every metadata change committed before the call: after it, its
-// metadata answers as the cluster's would. Calls that arrive while a
-// barrier runs share the next one.
+// metadata answers as the cluster's would. It is the read-index protocol
+// (Raft thesis, 6.4), which writes nothing to the log:
+//
+//   - once per term, a barrier: a new leader's commit index can lag what
+//     earlier leaders committed until an entry of its own term commits, and
+//     the barrier is such an entry (its completion also means the FSM has
+//     taken in everything before it);
+//   - then, per call, the commit index as the call finds it, a leadership
+//     check (a heartbeat round that a quorum answers, after the index was
+//     read: no other leader can have committed anything since), the same
+//     term as before (else it starts over), and a wait until the FSM has
+//     taken in that index (metaFSM.processed).
+//
+// The leadership checks of concurrent calls are shared (each call joins a
+// check that starts after it read its index), and so are barriers. A wait
+// that does not end soon (the FSM was restored from a snapshot, whose index
+// it cannot tell) falls back to a barrier.
 func (n *Node) metaBarrier(ctx context.Context) error {
-	_, _, err := n.metaBarriers.do(ctx, struct{}{}, n.spawn)
-	return err
+	r := n.meta.Raft
+	term := r.CurrentTerm()
+	if n.metaReadyTerm.Load() != term {
+		if _, _, err := n.metaBarriers.do(ctx, struct{}{}, n.spawn); err != nil {
+			return err
+		}
+		// The barrier ran in term or a later one: a later one only makes
+		// the next call run another.
+		n.metaReadyTerm.Store(term)
+		return nil
+	}
+	readIx := r.CommitIndex()
+	if _, _, err := n.metaVerifies.do(ctx, struct{}{}, n.spawn); err != nil {
+		return err
+	}
+	if r.CurrentTerm() != term {
+		// Leadership was lost and won again in between: readIx may be
+		// from the new term before its first commit. Start over.
+		return n.metaBarrier(ctx)
+	}
+	deadline := time.Now().Add(metaApplyWait)
+	for wait := 20 * time.Microsecond; n.metaFSM.processed.Load() < readIx; wait = min(2*wait, time.Millisecond) {
+		if time.Now().After(deadline) {
+			_, _, err := n.metaBarriers.do(ctx, struct{}{}, n.spawn)
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
+
+// metaApplyWait bounds metaBarrier's wait for the FSM to take in the commit
+// index before it falls back to a barrier. Applying a committed entry takes
+// microseconds; the wait is long only when processed cannot tell (after a
+// snapshot restore).
+const metaApplyWait = 50 * time.Millisecond
 
 func (n *Node) runMetaBarrier([]struct{}) (map[struct{}]struct{}, error) {
 	r := n.meta.Raft
 	if r.State() != raft.Leader {
 		return nil, fmt.Errorf("is not the metadata leader")
 	}
-	if err := r.Barrier(2 * time.Second).Error(); err != nil {
+	f := r.Barrier(2 * time.Second)
+	if err := f.Error(); err != nil {
 		return nil, fmt.Errorf("cannot confirm its metadata is current: %w", err)
+	}
+	if ixf, ok := f.(raft.IndexFuture); ok {
+		n.metaFSM.noteProcessed(ixf.Index()) // the FSM has taken in everything before it
+	}
+	return nil, nil
+}
+
+func (n *Node) runMetaVerify([]struct{}) (map[struct{}]struct{}, error) {
+	if err := n.meta.Raft.VerifyLeader().Error(); err != nil {
+		return nil, fmt.Errorf("cannot confirm it still leads the metadata group: %w", err)
 	}
 	return nil, nil
 }

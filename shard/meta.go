@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -60,8 +61,30 @@ type metaFSM struct {
 	nodes      map[string]*shardpb.ClusterNode // by node ID
 	shards     map[string]*shardpb.ShardMap    // by groupID
 	mapVersion uint64                          // +1 on every map change
-	applied    uint64                          // index of the last applied entry
 	onChange   func()
+	// processed is the highest log index the FSM is known to have taken
+	// in: the last command applied or configuration stored (both in log
+	// order, by the FSM goroutine), or a barrier that completed. Every
+	// entry up to it is reflected in the state. See metaReadIndex.
+	processed atomic.Uint64
+}
+
+// noteProcessed raises processed to ix.
+func (m *metaFSM) noteProcessed(ix uint64) {
+	for {
+		cur := m.processed.Load()
+		if ix <= cur || m.processed.CompareAndSwap(cur, ix) {
+			return
+		}
+	}
+}
+
+// StoreConfiguration makes metaFSM a raft.ConfigurationStore, only so
+// that processed counts configuration entries too: without it a
+// configuration change as the newest committed entry would leave
+// metaReadIndex waiting for the next command.
+func (m *metaFSM) StoreConfiguration(index uint64, _ raft.Configuration) {
+	m.noteProcessed(index)
 }
 
 func newMetaFSM(onChange func()) *metaFSM {
@@ -76,9 +99,7 @@ func newMetaFSM(onChange func()) *metaFSM {
 // *shardpb.JoinJobResponse, nil for a deleted job; or an error. An error
 // changes nothing.
 func (m *metaFSM) Apply(l *raft.Log) any {
-	m.mu.Lock()
-	m.applied = l.Index
-	m.mu.Unlock()
+	defer m.noteProcessed(l.Index) // after the change is in place
 	if l.Type != raft.LogCommand {
 		return nil
 	}

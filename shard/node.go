@@ -163,10 +163,14 @@ type Node struct {
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by groupID
-	// metaBarriers coalesces the metadata leader's barriers; confirmer a
-	// chain member's epoch questions to it (chainconfirm.go).
-	metaBarriers coalescer[struct{}, struct{}]
-	confirmer    *chainConfirmer
+	// metaBarriers and metaVerifies coalesce the metadata leader's
+	// barriers and leadership checks, metaReadyTerm is the term in which it
+	// last completed a barrier (metaReadIndex); confirmer coalesces a chain
+	// member's epoch questions to it (chainconfirm.go).
+	metaBarriers  coalescer[struct{}, struct{}]
+	metaVerifies  coalescer[struct{}, struct{}]
+	metaReadyTerm atomic.Uint64
+	confirmer     *chainConfirmer
 	// broken: as metadata leader, the chain replicas nodes reported broken.
 	broken brokenReports
 	// chains: this node's replicas of chain shards, by groupID (chainnode.go).
@@ -243,6 +247,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n.hot.init()
 	n.metaBarriers.fn = n.runMetaBarrier
+	n.metaVerifies.fn = n.runMetaVerify
 	n.confirmer = newChainConfirmer(n)
 	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")}
 	if cfg.FaultInjection {

@@ -66,6 +66,49 @@ func (c *Cluster) middleReplica(sm *shardpb.ShardMap) (id string, i int, dir str
 	return id, i, filepath.Join(c.cfgs[i].DataDir, "chains", sm.Table, fmt.Sprint(sm.Shard))
 }
 
+// metaLeader returns the index of the node that leads the metadata group.
+func (c *Cluster) metaLeader() int {
+	c.t.Helper()
+	for i := range c.Len() {
+		if n := c.Node(i); n != nil && n.MetaRaft().State() == raft.Leader {
+			return i
+		}
+	}
+	c.t.Fatal("no metadata leader")
+	return -1
+}
+
+// cutOff blackholes node i's traffic (gRPC and gossip) to and from every
+// other node of the cluster; the nodes need FaultInjection.
+func (c *Cluster) cutOff(i int) {
+	c.t.Helper()
+	addrsOf := func(i int) []string { return []string{c.cfgs[i].Addr, c.cfgs[i].Gossip.Addr} }
+	var others []string
+	for j := range c.Len() {
+		if j != i {
+			others = append(others, addrsOf(j)...)
+			if err := c.Node(j).BlockPeers(addrsOf(i)...); err != nil {
+				c.t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Node(i).BlockPeers(others...); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// heal undoes every node's cutOff.
+func (c *Cluster) heal() {
+	c.t.Helper()
+	for i := range c.Len() {
+		if n := c.Node(i); n != nil {
+			if err := n.BlockPeers(); err != nil {
+				c.t.Error(err)
+			}
+		}
+	}
+}
+
 // pushSecond pushes (1, 0) to key 7 of oneChainPushed's table again and
 // checks that the row holds both pushes.
 func (c *Cluster) pushSecond(cl *shard.Client, table string) {
@@ -268,34 +311,14 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 	}
 	c.WaitConverged(table, 0, 10*time.Second)
 
-	meta := -1
-	for i := range c.Len() {
-		if c.Node(i).MetaRaft().State() == raft.Leader {
-			meta = i
-		}
-	}
-	if meta < 0 {
-		t.Fatal("no metadata leader")
-	}
+	meta := c.metaLeader()
 	sm := c.waitChain(table, 0, 10*time.Second, "three members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == 3 })
 	victimID := sm.Replicas[2] // the tail: it answers from its own state
 	if c.Index(victimID) == meta {
 		victimID = sm.Replicas[1]
 	}
 	victim := c.Index(victimID)
-	addrsOf := func(i int) []string { return []string{c.cfgs[i].Addr, c.cfgs[i].Gossip.Addr} }
-	var others []string
-	for i := range c.Len() {
-		if i != victim {
-			others = append(others, addrsOf(i)...)
-			if err := c.Node(i).BlockPeers(addrsOf(victim)...); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := c.Node(victim).BlockPeers(others...); err != nil {
-		t.Fatal(err)
-	}
+	c.cutOff(victim)
 	cut := time.Now()
 	t.Logf("cut off %s of chain %v (epoch %d); metadata leader %s", victimID, sm.Replicas, sm.Epoch, c.ID(meta))
 
@@ -349,11 +372,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 		t.Errorf("eventual read at the cut-off %s: %v, %v; want its own row -1", victimID, v, err)
 	}
 
-	for i := range c.Len() {
-		if err := c.Node(i).BlockPeers(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.heal()
 	healed := time.Now()
 	c.waitFor(30*time.Second, victimID+" appended again and serving the new row", func() bool {
 		v, err := pull(shardpb.Consistency_CONSISTENCY_LINEARIZABLE)
@@ -461,4 +480,82 @@ func TestChainRestartedMemberKeepsItsReplica(t *testing.T) {
 		t.Errorf("%s's replica was deleted before it was appended again: %v", victimID, err)
 	}
 	c.pushSecond(cl, table)
+}
+
+// TestMetaConfirmWritesNoLog checks the metadata leader's answers to
+// ConfirmChains: after the first of its term they add nothing to the
+// metadata log (a leadership check, not a barrier, per question), they give
+// the chain's current epoch, and a metadata leader cut off from the others
+// gives none once they have moved the chain to a new epoch.
+func TestMetaConfirmWritesNoLog(t *testing.T) {
+	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
+	const table = "cconfirm"
+	_, sm := c.oneChainPushed(table)
+	ctx := context.Background()
+	meta := c.metaLeader()
+	conn, err := grpc.NewClient(c.cfgs[meta].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ps := shardpb.NewParameterServerClient(conn)
+	group := fmt.Sprintf("%s/0", table)
+	confirm := func(timeout time.Duration) (uint64, error) {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		resp, err := ps.ConfirmChains(cctx, &shardpb.ConfirmChainsRequest{Groups: []string{group}})
+		if err != nil {
+			return 0, err
+		}
+		return resp.Epochs[0], nil
+	}
+	if _, err := confirm(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Node(meta).MetaRaft().LastIndex()
+	const asks = 50
+	for range asks {
+		e, err := confirm(2 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur := c.ShardMap(table, 0).Epoch; e != cur {
+			t.Fatalf("confirmed epoch %d, the map's is %d", e, cur)
+		}
+	}
+	grew := c.Node(meta).MetaRaft().LastIndex() - before
+	t.Logf("%d confirmations added %d entries to the metadata log", asks, grew)
+	if grew >= asks/5 {
+		t.Errorf("%d confirmations added %d entries to the metadata log", asks, grew)
+	}
+	cut := time.Now()
+
+	// Cut the metadata leader off; the others elect another, which removes
+	// it from the chain (a new epoch). The old leader must not confirm the
+	// old epoch after that.
+	c.cutOff(meta)
+	defer c.heal()
+	var moved *shardpb.ShardMap
+	c.waitFor(20*time.Second, "the others move the chain on without "+c.ID(meta), func() bool {
+		for i := range c.Len() {
+			if i != meta {
+				if x := c.Node(i).ClusterMap(); x != nil {
+					for _, s := range x.Shards {
+						if s.Table == table && s.Epoch > sm.Epoch && !slices.Contains(s.Replicas, c.ID(meta)) {
+							moved = s
+							return true
+						}
+					}
+				}
+			}
+		}
+		return false
+	})
+	t.Logf("chain moved on to %v (epoch %d) %s after the cut", moved.Replicas, moved.Epoch, time.Since(cut).Round(time.Millisecond))
+	asked := time.Now()
+	e, err := confirm(time.Second)
+	t.Logf("the cut-off %s answered in %s: %d, %v", c.ID(meta), time.Since(asked).Round(time.Millisecond), e, err)
+	if err == nil {
+		t.Errorf("cut-off metadata leader %s confirmed epoch %d after the chain moved on to %d", c.ID(meta), e, moved.Epoch)
+	}
 }

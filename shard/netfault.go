@@ -217,7 +217,13 @@ func (t *faultTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 
 func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	if t.f.isBlocked(addr) {
-		time.Sleep(timeout)
+		// Hang as a dial into a black hole does, but not past the
+		// transport's shutdown: memberlist dials from Join, which the
+		// membership's rejoin loop runs and Node.Close waits for.
+		select {
+		case <-time.After(timeout):
+		case <-t.done:
+		}
 		return nil, fmt.Errorf("gossip dial %s: %w", addr, errBlackholed)
 	}
 	return t.Transport.DialTimeout(addr, timeout)

@@ -31,7 +31,7 @@ import (
 // read began was committed in that epoch or an earlier one, so it reached
 // this member (a member that is not caught up sends the read to the tail):
 // the read is linearizable. The metadata leader answers once its metadata
-// includes every change committed before the question (metaBarrier).
+// includes every change committed before the question (metaReadIndex).
 //
 // A bounded(δ) read needs only an answer sent less than δ ago: every push
 // acknowledged more than δ before the read was acknowledged before that
@@ -125,7 +125,7 @@ func (c *coalescer[Q, A]) loop(r *coalescedRun[Q, A]) {
 	}
 }
 
-// metaBarrier returns nil once this node, as the metadata leader, has
+// metaReadIndex returns nil once this node, as the metadata leader, has
 // applied every metadata change committed before the call: after it, its
 // metadata answers as the cluster's would. It is the read-index protocol
 // (Raft thesis, 6.4), which writes nothing to the log:
@@ -144,7 +144,7 @@ func (c *coalescer[Q, A]) loop(r *coalescedRun[Q, A]) {
 // check that starts after it read its index), and so are barriers. A wait
 // that does not end soon (the FSM was restored from a snapshot, whose index
 // it cannot tell) falls back to a barrier.
-func (n *Node) metaBarrier(ctx context.Context) error {
+func (n *Node) metaReadIndex(ctx context.Context) error {
 	r := n.meta.Raft
 	term := r.CurrentTerm()
 	if n.metaReadyTerm.Load() != term {
@@ -163,7 +163,7 @@ func (n *Node) metaBarrier(ctx context.Context) error {
 	if r.CurrentTerm() != term {
 		// Leadership was lost and won again in between: readIx may be
 		// from the new term before its first commit. Start over.
-		return n.metaBarrier(ctx)
+		return n.metaReadIndex(ctx)
 	}
 	deadline := time.Now().Add(metaApplyWait)
 	for wait := 20 * time.Microsecond; n.metaFSM.processed.Load() < readIx; wait = min(2*wait, time.Millisecond) {
@@ -180,7 +180,7 @@ func (n *Node) metaBarrier(ctx context.Context) error {
 	return nil
 }
 
-// metaApplyWait bounds metaBarrier's wait for the FSM to take in the commit
+// metaApplyWait bounds metaReadIndex's wait for the FSM to take in the commit
 // index before it falls back to a barrier. Applying a committed entry takes
 // microseconds; the wait is long only when processed cannot tell (after a
 // snapshot restore).
@@ -225,7 +225,7 @@ func (s *service) ConfirmChains(ctx context.Context, req *shardpb.ConfirmChainsR
 // this node leads the metadata group, else a NotLeaderError naming the
 // leader it knows.
 func (n *Node) localChainEpochs(ctx context.Context, groups []string) ([]uint64, error) {
-	if err := n.metaBarrier(ctx); err != nil {
+	if err := n.metaReadIndex(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: confirming chain epochs: %w", ErrUnavailable, err)
 		}

@@ -70,7 +70,7 @@ func (n *Node) findLeftChains() {
 // gcLeftChains deletes the left-behind chain replicas (findLeftChains,
 // reconcileChain) that the metadata leader confirms this node is no member
 // of and will not be appended to again: the leader answers with each
-// chain's current epoch after a barrier, and a replica is deleted once this
+// chain's current epoch (metaReadIndex), and a replica is deleted once this
 // node's map holds that very epoch, without this node, and with a full
 // chain (the table's replica count). A short chain keeps the replica: the
 // scheduler appends a node restarted within the repair grace again, and a
@@ -115,9 +115,9 @@ func (n *Node) gcLeftChains() {
 		case sm == nil || sm.Epoch != e || spec == nil:
 			// This node's map has not caught up with the leader's answer
 			// (or moved past it): ask again next pass.
-		case isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID:
+		case isReplica(sm, n.cfg.ID):
 			delete(n.leftChains, id) // still or again a member: reconcileChain opens it
-		case len(sm.Replicas) < int(spec.Replicas):
+		case chainShort(sm, spec):
 			n.leftChains[id] = now.Add(leftChainRecheck) // may be appended again
 		default:
 			if err := os.RemoveAll(n.chainDir(id)); err != nil {
@@ -129,6 +129,12 @@ func (n *Node) gcLeftChains() {
 			n.log.Info("left-behind chain replica deleted: the chain went on without this node while it was down", "group", id, "epoch", e, "chain", sm.Replicas)
 		}
 	}
+}
+
+// chainShort reports whether the chain sm is short of its table's replica
+// count: the scheduler will append a node to it, likely one it removed.
+func chainShort(sm *shardpb.ShardMap, spec *shardpb.TableSpec) bool {
+	return len(sm.Replicas) < int(spec.Replicas)
 }
 
 // leftChainRecheck is how long gcLeftChains waits before asking again
@@ -186,7 +192,7 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 		}
 		n.log.Info("chain replica opened", "group", id, "epoch", sm.Epoch)
 	case !member && ch != nil:
-		if ch.Err() == nil && len(sm.Replicas) < int(spec.Replicas) {
+		if ch.Err() == nil && chainShort(sm, spec) {
 			n.closeChain(id, false)
 			n.leftChains[id] = time.Now().Add(leftChainRecheck)
 			n.log.Info("chain replica closed and kept on disk: the map removed this node from a chain that is short, which may append it again", "group", id, "epoch", sm.Epoch)

@@ -60,7 +60,7 @@ func (n *Node) metaAuthoritative() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return n.metaBarrier(ctx)
+	return n.metaReadIndex(ctx)
 }
 
 // askMetaLeader answers a data request for a table this node, a metadata

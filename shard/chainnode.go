@@ -47,23 +47,8 @@ func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, 
 // nothing here: replicas the map still gives this node are opened by
 // reconcileChain and dropped from the set.
 func (n *Node) findLeftChains() {
-	root := filepath.Join(n.cfg.DataDir, "chains")
-	tables, err := os.ReadDir(root)
-	if err != nil {
-		return
-	}
-	for _, t := range tables {
-		shards, err := os.ReadDir(filepath.Join(root, t.Name()))
-		if err != nil {
-			continue
-		}
-		for _, s := range shards {
-			var sh uint32
-			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil || s.Name() != fmt.Sprint(sh) {
-				continue
-			}
-			n.leftChains[groupID(t.Name(), sh)] = time.Time{}
-		}
+	for table, sh := range replicaDirs(filepath.Join(n.cfg.DataDir, "chains")) {
+		n.leftChains[groupID(table, sh)] = time.Time{}
 	}
 }
 

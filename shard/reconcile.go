@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"iter"
 	"maps"
 	"os"
 	"path/filepath"
@@ -172,23 +173,35 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 // at start) does not place here: gcRetired deletes them once their leader
 // confirms.
 func (n *Node) findRetired() {
-	tables, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "groups"))
-	if err != nil {
-		return
-	}
-	for _, t := range tables {
-		shards, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "groups", t.Name()))
-		if err != nil {
-			continue
+	for table, sh := range replicaDirs(filepath.Join(n.cfg.DataDir, "groups")) {
+		sm := n.metaFSM.shardMap(table, sh)
+		if sm != nil && !isReplica(sm, n.cfg.ID) && sm.Adding != n.cfg.ID {
+			n.retired[groupID(table, sh)] = true
 		}
-		for _, s := range shards {
-			var sh uint32
-			if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil {
+	}
+}
+
+// replicaDirs yields the table and shard of every replica directory
+// root/TABLE/SHARD (the layout of both groups/ and chains/).
+func replicaDirs(root string) iter.Seq2[string, uint32] {
+	return func(yield func(string, uint32) bool) {
+		tables, err := os.ReadDir(root)
+		if err != nil {
+			return
+		}
+		for _, t := range tables {
+			shards, err := os.ReadDir(filepath.Join(root, t.Name()))
+			if err != nil {
 				continue
 			}
-			sm := n.metaFSM.shardMap(t.Name(), sh)
-			if sm != nil && !isReplica(sm, n.cfg.ID) && sm.Adding != n.cfg.ID {
-				n.retired[groupID(t.Name(), sh)] = true
+			for _, s := range shards {
+				var sh uint32
+				if _, err := fmt.Sscanf(s.Name(), "%d", &sh); err != nil || s.Name() != fmt.Sprint(sh) {
+					continue
+				}
+				if !yield(t.Name(), sh) {
+					return
+				}
 			}
 		}
 	}

@@ -43,7 +43,9 @@
 //     its gossip address and tracks each node's liveness (alive, suspect,
 //     dead) from its events; Status reports it with per-node replica and
 //     leader counts and the number of under-replicated shards; the scheduler
-//     acts on it.
+//     acts on it. Its transport (gossiptransport.go) is memberlist's, with
+//     dials and dialed streams that end at shutdown and, with fault
+//     injection, the blocked set applied.
 //   - Placement (placement.go): Place, a pure and deterministic function from
 //     the live nodes, the tables' shard and replica counts and the current
 //     map to each shard's ordered replica set (first = preferred leader):

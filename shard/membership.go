@@ -163,14 +163,16 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 	mc.Name = self.ID
 	mc.BindAddr, mc.BindPort = host, p
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
-	if cfg.fault != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: p,
-			Logger: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})})
-		if err != nil {
-			return nil, fmt.Errorf("gossip on %s: %w", addr, err)
-		}
-		mc.Transport = newFaultTransport(nt, cfg.fault)
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: p,
+		Logger: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})})
+	if err != nil {
+		return nil, fmt.Errorf("gossip on %s: %w", addr, err)
 	}
+	if p == 0 { // as memberlist does when it makes the transport itself
+		p = nt.GetAutoBindPort()
+		mc.BindPort, mc.AdvertisePort = p, p
+	}
+	mc.Transport = newGossipTransport(nt, cfg.fault)
 	if cfg.ProbeInterval > 0 {
 		mc.ProbeInterval = cfg.ProbeInterval
 	}
@@ -190,10 +192,12 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 	mc.LogOutput = nil
 	mc.Logger = log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
 	if len(m.metaBytes()) > memberlist.MetaMaxSize {
+		mc.Transport.Shutdown()
 		return nil, fmt.Errorf("gossip metadata of node %s is %d bytes, over memberlist's %d", self.ID, len(m.metaBytes()), memberlist.MetaMaxSize)
 	}
 	m.ml, err = memberlist.Create(mc)
 	if err != nil {
+		mc.Transport.Shutdown() // memberlist shuts down only a transport it made
 		return nil, fmt.Errorf("gossip on %s: %w", addr, err)
 	}
 	m.log.Info("gossiping", "addr", addr, "join", join)

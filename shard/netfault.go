@@ -10,9 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // Network fault injection, for partition tests of clusters whose nodes share
@@ -35,15 +32,16 @@ import (
 var errBlackholed = errors.New("peer unreachable: blocked by fault injection (/debug/netfault)")
 
 // netFault is the node's set of blocked peer addresses and its open
-// connections to peers. Concurrency: mu guards blocked and conns.
+// connections to peers. Concurrency: mu guards blocked; conns is safe on its
+// own.
 type netFault struct {
 	mu      sync.Mutex
 	blocked map[string]bool
-	conns   map[*faultConn]bool
+	conns   connSet
 }
 
 func newNetFault() *netFault {
-	return &netFault{blocked: map[string]bool{}, conns: map[*faultConn]bool{}}
+	return &netFault{blocked: map[string]bool{}}
 }
 
 func (f *netFault) isBlocked(addr string) bool {
@@ -61,16 +59,8 @@ func (f *netFault) set(addrs []string) {
 			f.blocked[a] = true
 		}
 	}
-	var drop []*faultConn
-	for c := range f.conns {
-		if f.blocked[c.addr] {
-			drop = append(drop, c)
-		}
-	}
 	f.mu.Unlock()
-	for _, c := range drop {
-		c.Close()
-	}
+	f.conns.closeWhere(f.isBlocked)
 }
 
 func (f *netFault) list() []string {
@@ -95,35 +85,12 @@ func (f *netFault) dial(ctx context.Context, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := &faultConn{Conn: c, f: f, addr: addr}
-	f.mu.Lock()
-	blocked := f.blocked[addr]
-	if !blocked {
-		f.conns[fc] = true
-	}
-	f.mu.Unlock()
-	if blocked { // blocked while dialing
-		c.Close()
+	fc := f.conns.add(c, addr)
+	if f.isBlocked(addr) { // blocked while dialing: see connSet
+		fc.Close()
 		return nil, fmt.Errorf("dial %s: %w", addr, errBlackholed)
 	}
 	return fc, nil
-}
-
-// faultConn is a peer connection the netFault can close.
-type faultConn struct {
-	net.Conn
-	f    *netFault
-	addr string
-	once sync.Once
-}
-
-func (c *faultConn) Close() error {
-	c.once.Do(func() {
-		c.f.mu.Lock()
-		delete(c.f.conns, c)
-		c.f.mu.Unlock()
-	})
-	return c.Conn.Close()
 }
 
 // BlockPeers makes this node treat the peers at addrs (gRPC or gossip
@@ -165,78 +132,4 @@ func (f *netFault) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]any{"blocked": f.list()})
-}
-
-// faultTransport is memberlist's network transport with the blocked set
-// applied: packets to blocked peers are lost, packets from them ignored
-// (a gossip packet comes from its sender's gossip address), stream dials
-// to them hang until their timeout. Incoming streams cannot be told apart
-// by sender (they come from ephemeral ports); the blocked peer's own
-// transport does not open them.
-type faultTransport struct {
-	memberlist.Transport
-	f       *netFault
-	packets chan *memberlist.Packet
-	done    chan struct{}
-	once    sync.Once
-}
-
-func newFaultTransport(t memberlist.Transport, f *netFault) *faultTransport {
-	ft := &faultTransport{Transport: t, f: f, packets: make(chan *memberlist.Packet), done: make(chan struct{})}
-	go ft.filter()
-	return ft
-}
-
-func (t *faultTransport) filter() {
-	in := t.Transport.PacketCh()
-	for {
-		select {
-		case <-t.done:
-			return
-		case p := <-in:
-			if p.From != nil && t.f.isBlocked(p.From.String()) {
-				continue
-			}
-			select {
-			case t.packets <- p:
-			case <-t.done:
-				return
-			}
-		}
-	}
-}
-
-func (t *faultTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
-
-func (t *faultTransport) WriteTo(b []byte, addr string) (time.Time, error) {
-	if t.f.isBlocked(addr) {
-		return time.Now(), nil
-	}
-	return t.Transport.WriteTo(b, addr)
-}
-
-func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
-	if t.f.isBlocked(addr) {
-		// Hang as a dial into a black hole does, but not past the
-		// transport's shutdown: memberlist dials from Join, which the
-		// membership's rejoin loop runs and Node.Close waits for.
-		select {
-		case <-time.After(timeout):
-		case <-t.done:
-		}
-		return nil, fmt.Errorf("gossip dial %s: %w", addr, errBlackholed)
-	}
-	return t.Transport.DialTimeout(addr, timeout)
-}
-
-// Shutdown shuts the wrapped transport down before it stops filtering:
-// memberlist shuts its transport down while its own packet handler still
-// reads (so that the transport's listeners can finish), and the wrapped
-// transport's UDP listener waits to hand over a packet it has read. Stopping
-// the filter first left that listener blocked for ever, and Shutdown (so
-// Node.Close) waiting for it.
-func (t *faultTransport) Shutdown() error {
-	err := t.Transport.Shutdown()
-	t.once.Do(func() { close(t.done) })
-	return err
 }

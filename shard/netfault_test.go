@@ -13,32 +13,40 @@ import (
 	"time"
 )
 
+// acceptAll listens on a loopback port and takes every connection, never
+// reading from it (as a frozen process does: the kernel completes the
+// handshake); the channel gets each one taken, while it has room.
+func acceptAll(t *testing.T) (string, <-chan net.Conn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			select {
+			case accepted <- c:
+			default:
+			}
+		}
+	}()
+	return lis.Addr().String(), accepted
+}
+
 // TestNetFaultBlocksAndHeals: a connection open to a peer is closed when the
 // peer is blocked, a new dial hangs until its deadline (as a connect into a
 // partition does), and after healing dials work again. Peers not blocked
 // are untouched throughout.
 func TestNetFaultBlocksAndHeals(t *testing.T) {
-	listen := func() (string, <-chan net.Conn) {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { lis.Close() })
-		accepted := make(chan net.Conn, 8)
-		go func() {
-			for {
-				c, err := lis.Accept()
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { c.Close() })
-				accepted <- c
-			}
-		}()
-		return lis.Addr().String(), accepted
-	}
-	a, aIn := listen()
-	b, _ := listen()
+	a, aIn := acceptAll(t)
+	b, _ := acceptAll(t)
 	f := newNetFault()
 	ctx := context.Background()
 	ca, err := f.dial(ctx, a)

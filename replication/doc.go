@@ -32,7 +32,9 @@
 // peer (keepalive 2 s). Appends are unary or pipelined on a stream per group
 // and peer; heartbeats are handed to the group's heartbeat handler directly
 // and coalesced per peer when several groups send at once; snapshots stream
-// in 1 MiB chunks.
+// in 1 MiB chunks. Closing a group's Transport ends its calls in flight, so
+// that raft's Shutdown, which waits for the replicators making them, does
+// not wait out a timeout on a peer that does not answer.
 //
 // # Concurrency
 //

@@ -226,6 +226,12 @@ func (r *RaftReplica) FirstLogIndex() (uint64, error) { return r.logs.FirstIndex
 
 // Close shuts Raft down and closes the log.
 func (r *RaftReplica) Close() error {
+	// The transport goes first, as in Group.Close: raft's Shutdown waits
+	// for its replicators, and their calls to a peer that does not answer
+	// end only with it.
+	if t, ok := r.cfg.Transport.(*Transport); ok {
+		t.Close()
+	}
 	err := r.Raft.Shutdown().Error()
 	if cerr := r.logs.Close(); err == nil {
 		err = cerr

@@ -205,6 +205,7 @@ func (m *Mux) Transport(group string) (*Transport, error) {
 		return nil, fmt.Errorf("raft group %q: %w", group, ErrGroupExists)
 	}
 	t := &Transport{mux: m, group: group, consumer: make(chan raft.RPC), closed: make(chan struct{})}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
 	m.groups[group] = t
 	close(m.added)
 	m.added = make(chan struct{})
@@ -347,6 +348,11 @@ type Transport struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+	// ctx is cancelled at Close: the calls in flight end with it, since
+	// raft's Shutdown waits for the replicator making them, and a call to a
+	// peer behind a partition would otherwise run its whole Timeout.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 var (
@@ -379,7 +385,12 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-func (t *Transport) shut() { t.closeOnce.Do(func() { close(t.closed) }) }
+func (t *Transport) shut() {
+	t.closeOnce.Do(func() {
+		close(t.closed)
+		t.cancel()
+	})
+}
 
 func (t *Transport) isClosed() error {
 	select {
@@ -421,10 +432,13 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.mux.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(t.ctx, t.mux.cfg.Timeout)
 	defer cancel()
 	out, err := call(c, ctx, &transportpb.RPC{Group: t.group, Msgpack: payload})
 	if err != nil {
+		if cerr := t.isClosed(); cerr != nil {
+			return cerr // cut short by Close
+		}
 		return fmt.Errorf("raft group %q: %s: %w", t.group, target, err)
 	}
 	t.mux.heardFrom(target)
@@ -470,8 +484,11 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	if err != nil {
 		return err
 	}
-	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload})
+	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, t.closed)
 	if err != nil {
+		if cerr := t.isClosed(); cerr != nil {
+			return cerr // cut short by Close
+		}
 		return fmt.Errorf("raft group %q: heartbeat to %s: %w", t.group, target, err)
 	}
 	return decode(out, resp)
@@ -517,7 +534,12 @@ func (m *Mux) heartbeatsTo(target raft.ServerAddress) *heartbeats {
 	return h
 }
 
-func (h *heartbeats) call(rpc *transportpb.RPC) ([]byte, error) {
+// call sends one heartbeat and waits for its answer, or until closed is
+// closed: the calling group's transport is closing, and raft's Shutdown
+// waits for the replicator making this call, which would otherwise wait up
+// to HeartbeatTimeout per group for a peer that does not answer. The answer
+// that comes later goes into done's buffer, unread.
+func (h *heartbeats) call(rpc *transportpb.RPC, closed <-chan struct{}) ([]byte, error) {
 	c := &hbCall{rpc: rpc, done: make(chan hbResult, 1)}
 	h.mu.Lock()
 	h.queue = append(h.queue, c)
@@ -526,8 +548,12 @@ func (h *heartbeats) call(rpc *transportpb.RPC) ([]byte, error) {
 		go h.run()
 	}
 	h.mu.Unlock()
-	r := <-c.done
-	return r.msgpack, r.err
+	select {
+	case r := <-c.done:
+		return r.msgpack, r.err
+	case <-closed:
+		return nil, ErrTransportClosed
+	}
 }
 
 func (h *heartbeats) run() {
@@ -598,7 +624,7 @@ func (t *Transport) InstallSnapshot(_ raft.ServerID, target raft.ServerAddress, 
 	}
 	// As NetworkTransport: the timeout grows with the snapshot.
 	timeout := t.mux.cfg.Timeout * time.Duration(1+args.Size/(256<<20))
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(t.ctx, timeout)
 	defer cancel()
 	stream, err := c.InstallSnapshot(ctx)
 	if err != nil {
@@ -639,7 +665,7 @@ func (t *Transport) AppendEntriesPipeline(_ raft.ServerID, target raft.ServerAdd
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.ctx)
 	stream, err := c.AppendEntriesPipeline(ctx)
 	if err != nil {
 		cancel()

@@ -370,6 +370,64 @@ func TestTransportUnknownGroupAndClose(t *testing.T) {
 	}
 }
 
+// TestTransportCloseEndsCallsInFlight: a call to a peer that takes it but
+// never answers (a frozen process, or a partition after the connection was
+// made) ends as soon as the calling transport is closed, with
+// ErrTransportClosed, not after its timeout: raft's Shutdown waits for the
+// replicator making it, and a node closes its groups one by one. Both kinds
+// of call: an append (a unary call, Timeout) and a heartbeat (through the
+// peer's coalescer, HeartbeatTimeout; both 5 s here). The peer's transport
+// has no raft on it, so nothing answers the request.
+func TestTransportCloseEndsCallsInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  *raft.AppendEntriesRequest
+	}{
+		{"append", &raft.AppendEntriesRequest{Term: 1, PrevLogEntry: 1, PrevLogTerm: 1}},
+		{"heartbeat", &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte("a"), ID: []byte("a")}, Term: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if isHeartbeat(tc.req) != (tc.name == "heartbeat") {
+				t.Fatalf("isHeartbeat(%+v) = %v", tc.req, isHeartbeat(tc.req))
+			}
+			b := startTestNode(t)
+			m, err := NewMux(MuxConfig{LocalAddr: "127.0.0.1:1", Timeout: 5 * time.Second, HeartbeatTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ta, err := m.Transport("g")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.mux.Transport("g"); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				var resp raft.AppendEntriesResponse
+				done <- ta.AppendEntries("b", raft.ServerAddress(b.addr), tc.req, &resp)
+			}()
+			select {
+			case err := <-done:
+				t.Fatalf("the call to a peer that never answers returned: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			start := time.Now()
+			ta.Close()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrTransportClosed) {
+					t.Fatalf("call cut short by Close: %v, want ErrTransportClosed", err)
+				}
+				t.Logf("call ended %s after Close", time.Since(start).Round(time.Microsecond))
+			case <-time.After(2 * time.Second):
+				t.Fatal("the call in flight outlived its transport's Close")
+			}
+		})
+	}
+}
+
 // TestHeartbeatsCoalesce: heartbeats that groups send to one peer at the same
 // moment share messages, every one is answered by its own group's handler
 // (the answer carries the group's term back), and a heartbeat for a group the

@@ -202,7 +202,7 @@ func (n *Node) runMetaBarrier([]struct{}) (map[struct{}]struct{}, error) {
 }
 
 func (n *Node) runMetaVerify([]struct{}) (map[struct{}]struct{}, error) {
-	if err := n.meta.Raft.VerifyLeader().Error(); err != nil {
+	if err := replication.Await(n.meta.Raft, n.meta.Raft.VerifyLeader()); err != nil {
 		return nil, fmt.Errorf("cannot confirm it still leads the metadata group: %w", err)
 	}
 	return nil, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -279,7 +280,7 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 		n.lastTransfer[id] = now
 		r, addr := g.Raft(), addrOf[pref]
 		n.wg.Go(func() {
-			if err := r.LeadershipTransferToServer(raft.ServerID(pref), raft.ServerAddress(addr)).Error(); err != nil {
+			if err := replication.Await(r, r.LeadershipTransferToServer(raft.ServerID(pref), raft.ServerAddress(addr))); err != nil {
 				n.log.Debug("leadership transfer to the preferred leader", "group", id, "to", pref, "error", err)
 				return
 			}

@@ -59,7 +59,7 @@ func (s *service) Reconfigure(ctx context.Context, req *shardpb.ReconfigureReque
 func groupView(r *raft.Raft) (*shardpb.ReconfigureResponse, error) {
 	addr, id := r.LeaderWithID()
 	state := r.State()
-	if state == raft.Leader && r.VerifyLeader().Error() != nil {
+	if state == raft.Leader && replication.Await(r, r.VerifyLeader()) != nil {
 		state, addr, id = raft.Follower, "", ""
 	}
 	resp := &shardpb.ReconfigureResponse{State: stateName(state), AppliedIndex: r.AppliedIndex(), LeaderId: string(id), LeaderAddr: string(addr)}
@@ -168,7 +168,7 @@ func (n *Node) removeReplica(g *replication.Group, id string) error {
 		return nil
 	}
 	if id == n.cfg.ID {
-		if err := r.LeadershipTransfer().Error(); err != nil {
+		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
 			return fmt.Errorf("group %s: %w: handing leadership over before removing %s: %v", g.ID(), ErrUnavailable, id, err)
 		}
 		return notLeaderOf(g)

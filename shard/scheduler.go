@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -655,7 +656,7 @@ func (sc *scheduler) metaVoters(v *view) {
 	for _, id := range voters {
 		if good >= desired && v.nodes[id] != nil && v.nodes[id].Admin != shardpb.NodeAdmin_NODE_ACTIVE {
 			if id == n.cfg.ID {
-				change("hand over leadership (draining)", id, leadershipFuture{r.LeadershipTransfer()})
+				change("hand over leadership (draining)", id, leadershipFuture{r.LeadershipTransfer(), r})
 				return
 			}
 			change("demote draining", id, r.DemoteVoter(raft.ServerID(id), 0, configChangeTimeout))
@@ -676,7 +677,12 @@ func (sc *scheduler) metaVoters(v *view) {
 	}
 }
 
-// leadershipFuture adapts a Future to the IndexFuture change() takes.
-type leadershipFuture struct{ raft.Future }
+// leadershipFuture adapts a leadership transfer's Future to the IndexFuture
+// change() takes; its Error is replication.Await's.
+type leadershipFuture struct {
+	raft.Future
+	r *raft.Raft
+}
 
-func (leadershipFuture) Index() uint64 { return 0 }
+func (f leadershipFuture) Error() error { return replication.Await(f.r, f.Future) }
+func (leadershipFuture) Index() uint64  { return 0 }

@@ -34,13 +34,16 @@ test: verify test-unit test-race test-determinism test-docker-if-engine ## what 
 
 test-unit: ## go test ./... (no race detector)
 	@mkdir -p bin
-	$(GO) test -count=1 ./... 2>&1 | tee $(TEST_LOG)
+	@# -timeout: go test's default (10 minutes per package) is about what
+	@# the ./test package takes on a slow 2-core host; past it the package
+	@# dies without running its cleanups.
+	$(GO) test -count=1 -timeout 20m ./... 2>&1 | tee $(TEST_LOG)
 
 test-race: ## tests of the concurrent packages under the race detector
 	$(GO) test -race -count=1 $(RACE_PKGS)
 	@# The cluster tests run apart: beside them, on two cores under the race
 	@# detector, the replication package's timing-bound tests starve.
-	$(GO) test -race -count=1 ./test/...
+	$(GO) test -race -count=1 -timeout 20m ./test/...
 
 # Replicas must agree to the bit on any CPU. GOAMD64=v3 lets the compiler
 # fuse multiply-adds into FMA instructions; if an unrounded product slipped

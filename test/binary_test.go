@@ -214,7 +214,6 @@ func TestBinaryClusterFailover(t *testing.T) {
 // 0 once both are done (the parent waits for its child), prints the --json
 // summary, and the model beats chance by far.
 func TestBinaryTrainProcesses(t *testing.T) {
-	t.Parallel() // trains against its own cluster, mostly waiting on round trips: see parallelNote
 	bin, _, addrs := binaryCluster(t)
 	cmd := exec.Command(bin, "train", "--trainers", "2", "--steps", "300", "--json", "--quiet", "--cluster", addrs)
 	var stderr strings.Builder

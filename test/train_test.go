@@ -154,7 +154,6 @@ func TestTrainTrainersMatchOne(t *testing.T) {
 		// trainers, and make test-unit runs this one.
 		t.Skip("numerical check; run without -race")
 	}
-	t.Parallel() // trains against its own cluster, mostly waiting on round trips: see parallelNote
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	for _, name := range []string{"one", "two", "four"} {
@@ -211,54 +210,44 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 	ctx := context.Background()
 	data := smallData(t)
 	for _, mode := range []string{"async", "ssp:2"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel() // the two jobs share the cluster, not their tables: see parallelNote
-			m, err := trainer.ParseMode(mode)
-			if err != nil {
+		m, err := trainer.ParseMode(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		job := "j" + mode[:3]
+		for _, spec := range []*shardpb.TableSpec{
+			{Name: job, Dim: 1, Shards: shards, Optimizer: "adagrad:lr=0.2"},
+			{Name: job + ".state", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.StateTableOptimizer},
+			{Name: job + ".dense", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.DenseTableOptimizer},
+		} {
+			if _, err := c.Client().CreateTable(ctx, spec); err != nil {
 				t.Fatal(err)
 			}
-			job := "j" + mode[:3]
-			for _, spec := range []*shardpb.TableSpec{
-				{Name: job, Dim: 1, Shards: shards, Optimizer: "adagrad:lr=0.2"},
-				{Name: job + ".state", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.StateTableOptimizer},
-				{Name: job + ".dense", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.DenseTableOptimizer},
-			} {
-				if _, err := c.Client().CreateTable(ctx, spec); err != nil {
-					t.Fatal(err)
+		}
+		const world = 4
+		results := make([]*trainer.Result, world)
+		errs := make(chan error, world)
+		for r := range world {
+			go func() {
+				cfg := trainer.LoopConfig{PS: c.Client(), Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
+					Mode: m, Rank: r, World: world, StateTable: job + ".state", DenseTable: job + ".dense", EvalSamples: 20000}
+				if r == world-1 {
+					cfg.Slowdown = 3
 				}
+				var err error
+				results[r], err = trainer.Train(ctx, cfg)
+				errs <- err
+			}()
+		}
+		for range world {
+			if err := <-errs; err != nil {
+				t.Fatalf("%s: %v", mode, err)
 			}
-			const world = 4
-			results := make([]*trainer.Result, world)
-			errs := make(chan error, world)
-			for r := range world {
-				go func() {
-					cfg := trainer.LoopConfig{PS: c.Client(), Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
-						Mode: m, Rank: r, World: world, StateTable: job + ".state", DenseTable: job + ".dense", EvalSamples: 20000}
-					if r == world-1 {
-						cfg.Slowdown = 3
-					}
-					var err error
-					results[r], err = trainer.Train(ctx, cfg)
-					errs <- err
-				}()
-			}
-			for range world {
-				if err := <-errs; err != nil {
-					t.Fatalf("%s: %v", mode, err)
-				}
-			}
-			last := results[0].Evals[len(results[0].Evals)-1]
-			t.Logf("%s: AUC %.4f (Bayes %.4f); trainer 0 %.0f samples/s, the slowed one %.0f", mode, last.AUC, last.BayesAUC, results[0].SamplesPerS, results[world-1].SamplesPerS)
-			if first := results[0].Evals[0]; last.AUC < float64(last.BayesAUC)-0.05 || last.AUC <= first.AUC {
-				t.Errorf("%s: AUC went from %.4f to %.4f; want it to rise to within 0.05 of the Bayes-optimal %.4f", mode, first.AUC, last.AUC, last.BayesAUC)
-			}
-		})
+		}
+		last := results[0].Evals[len(results[0].Evals)-1]
+		t.Logf("%s: AUC %.4f (Bayes %.4f); trainer 0 %.0f samples/s, the slowed one %.0f", mode, last.AUC, last.BayesAUC, results[0].SamplesPerS, results[world-1].SamplesPerS)
+		if first := results[0].Evals[0]; last.AUC < float64(last.BayesAUC)-0.05 || last.AUC <= first.AUC {
+			t.Errorf("%s: AUC went from %.4f to %.4f; want it to rise to within 0.05 of the Bayes-optimal %.4f", mode, first.AUC, last.AUC, last.BayesAUC)
+		}
 	}
 }
-
-// parallelNote: the training tests are the longest of this package (most
-// of its 10 minutes on a slow 2-core host), and spend much of that waiting
-// on round trips rather than on CPU (the package ran at about half of two
-// cores), so they run beside each other (go test -parallel, 2 by default).
-// Their checks count steps, not seconds, so a slower step does not change
-// what they check.

@@ -224,14 +224,19 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 // compact the log).
 func (r *RaftReplica) FirstLogIndex() (uint64, error) { return r.logs.FirstIndex() }
 
-// Close shuts Raft down and closes the log.
-func (r *RaftReplica) Close() error {
-	// The transport goes first, as in Group.Close: raft's Shutdown waits
-	// for its replicators, and their calls to a peer that does not answer
-	// end only with it.
+// closeTransport closes the replica's transport, if it is ours, before raft
+// shuts down: raft's Shutdown waits for its replicators, and their calls to a
+// peer that does not answer (or waits for its connection, awaitReady) end
+// only with the transport.
+func (r *RaftReplica) closeTransport() {
 	if t, ok := r.cfg.Transport.(*Transport); ok {
 		t.Close()
 	}
+}
+
+// Close shuts Raft down and closes the log.
+func (r *RaftReplica) Close() error {
+	r.closeTransport()
 	err := r.Raft.Shutdown().Error()
 	if cerr := r.logs.Close(); err == nil {
 		err = cerr
@@ -387,12 +392,7 @@ func (g *Group) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		close(g.closed)
-		// Close the transport first: raft's Shutdown waits for its
-		// replicators, and one waiting for a dead peer's connection
-		// (awaitReady) would otherwise hold it up to a second.
-		if t, ok := g.cfg.Transport.(*Transport); ok {
-			t.Close()
-		}
+		g.replica.closeTransport()
 		err = g.raft.Shutdown().Error()
 		g.wg.Wait()
 		if cerr := g.replica.Close(); err == nil {

@@ -204,7 +204,7 @@ func (m *Mux) Transport(group string) (*Transport, error) {
 	if _, ok := m.groups[group]; ok {
 		return nil, fmt.Errorf("raft group %q: %w", group, ErrGroupExists)
 	}
-	t := &Transport{mux: m, group: group, consumer: make(chan raft.RPC), closed: make(chan struct{})}
+	t := &Transport{mux: m, group: group, consumer: make(chan raft.RPC)}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	m.groups[group] = t
 	close(m.added)
@@ -346,11 +346,10 @@ type Transport struct {
 	hbMu      sync.RWMutex // guards heartbeat
 	heartbeat func(raft.RPC)
 
-	closeOnce sync.Once
-	closed    chan struct{}
-	// ctx is cancelled at Close: the calls in flight end with it, since
-	// raft's Shutdown waits for the replicator making them, and a call to a
-	// peer behind a partition would otherwise run its whole Timeout.
+	// ctx is done once the transport is closed. The calls in flight end
+	// with it, since raft's Shutdown waits for the replicator making them,
+	// and a call to a peer behind a partition would otherwise run its whole
+	// Timeout.
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -385,16 +384,11 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-func (t *Transport) shut() {
-	t.closeOnce.Do(func() {
-		close(t.closed)
-		t.cancel()
-	})
-}
+func (t *Transport) shut() { t.cancel() }
 
 func (t *Transport) isClosed() error {
 	select {
-	case <-t.closed:
+	case <-t.ctx.Done():
 		return fmt.Errorf("raft group %q: %w", t.group, ErrTransportClosed)
 	default:
 		return nil
@@ -450,7 +444,7 @@ func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, ar
 		return t.sendHeartbeat(target, args, resp)
 	}
 	if cc, err := t.mux.Conn(target); err == nil {
-		awaitReady(cc, t.closed)
+		awaitReady(cc, t.ctx.Done())
 	}
 	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.AppendEntries(ctx, r)
@@ -484,7 +478,7 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	if err != nil {
 		return err
 	}
-	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, t.closed)
+	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, t.ctx.Done())
 	if err != nil {
 		if cerr := t.isClosed(); cerr != nil {
 			return cerr // cut short by Close
@@ -814,7 +808,7 @@ func (t *Transport) dispatch(ctx context.Context, cmd any, data io.Reader) (any,
 	}
 	select {
 	case t.consumer <- rpc:
-	case <-t.closed:
+	case <-t.ctx.Done():
 		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", t.group)
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
@@ -826,7 +820,7 @@ wait:
 			return nil, status.Errorf(codes.Unknown, "raft group %q: %v", t.group, r.Error)
 		}
 		return r.Response, nil
-	case <-t.closed:
+	case <-t.ctx.Done():
 		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", t.group)
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()

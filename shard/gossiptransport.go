@@ -111,8 +111,8 @@ func (t *gossipTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 }
 
 // Shutdown ends the dials in flight and closes the streams they opened, then
-// shuts the wrapped transport down,
-// then stops filtering. The wrapped transport goes before the filter:
+// shuts the wrapped transport down, then stops filtering (done, apart from
+// ctx for that reason). The wrapped transport goes before the filter:
 // memberlist shuts its transport down while its own packet handler still
 // reads (so that the transport's listeners can finish), and the wrapped
 // transport's UDP listener waits to hand over a packet it has read.

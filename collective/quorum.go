@@ -1369,6 +1369,15 @@ func (c *coord) leaveLocked(r int, status rankStatus, why error, code uint8) {
 }
 
 func (c *coord) lost(r int, err error) {
+	select {
+	case <-c.stop:
+		// Torn down: the writers close the connections, so a reader's
+		// error now is this rank's own doing. Leaving here could fail the
+		// run (quorum lost) and make the writers still running send that
+		// abort, where the other ranks must see rank 0 go silent.
+		return
+	default:
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.leaveLocked(r, rankDead, err, 0)

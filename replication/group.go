@@ -56,8 +56,11 @@ type RaftConfig struct {
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
 
-	// NoSync skips fsync of the Raft log. Unsafe: only for benchmarks that
-	// want to see what the disk costs.
+	// NoSync skips fsync of the Raft log. Unsafe: a process that dies
+	// loses nothing (its writes are in the page cache), but a machine that
+	// crashes can lose acknowledged entries on every replica at once. For
+	// tests whose subject is not durability, and benchmarks that want to
+	// see what the disk costs (raftps server --unsafe-no-fsync).
 	NoSync bool
 
 	Logger hclog.Logger

@@ -36,6 +36,11 @@ func buildBinary(t testing.TB) string {
 // fastTimeouts are server flags for a quick failover in tests.
 const fastTimeouts = "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms"
 
+// unsafeNoFsync is the server flag for the binary tests whose subject is
+// training, not durability: see TrainRaft. Killed trainers and servers
+// lose nothing by it, as the machine stays up.
+const unsafeNoFsync = "--unsafe-no-fsync"
+
 // binaryCluster builds the binary and starts a 3-node cluster of it, its
 // servers run with serverArgs, taken down when the test ends. It returns
 // the binary, the cluster's directory and its gRPC addresses.

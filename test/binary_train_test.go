@@ -75,7 +75,7 @@ func runTrain(t testing.TB, bin string, args ...string) trainSummary {
 // learns. The trainers of the backup job find each other through the
 // cluster's job registry.
 func TestBinaryTrainModes(t *testing.T) {
-	bin, _, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t, unsafeNoFsync)
 	ssp := runTrain(t, bin, "--cluster", addrs, "--trainers", "3", "--mode", "ssp:2", "--steps", "200", "--job", "ssp")
 	t.Logf("ssp:2, 3 trainers: AUC %.4f (Bayes %.4f), %.0f examples/s", ssp.FinalAUC, ssp.BayesAUC, ssp.ExamplesPerS)
 	if ssp.Steps != 200 || ssp.Trainers != 3 || ssp.Examples != 3*200*64 || ssp.FinalAUC < 0.7 {
@@ -126,7 +126,7 @@ func TestBinaryTrainModes(t *testing.T) {
 // TestBinaryTrainResumes: a trainer process killed with SIGKILL and started
 // again resumes from the job's checkpoint in the cluster, and finishes.
 func TestBinaryTrainResumes(t *testing.T) {
-	bin, _, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t, unsafeNoFsync)
 	args := []string{"--cluster", addrs, "--job", "resume", "--steps", "2000", "--checkpoint-every", "50"}
 	// Kill it once it has passed step 600 (progress lines every 300 steps).
 	killAfterLine(t, exec.Command(bin, append([]string{"train"}, args...)...), "step 600/2000")
@@ -186,7 +186,7 @@ func BenchmarkTimeToAccuracy(b *testing.B) {
 // the registry's next round, the restarted trainer completes the round, and
 // both resume from the checkpoint and finish.
 func TestBinaryTrainReforms(t *testing.T) {
-	bin, _, addrs := binaryCluster(t)
+	bin, _, addrs := binaryCluster(t, unsafeNoFsync)
 	args := []string{"train", "--cluster", addrs, "--job", "reform", "--world", "2", "--steps", "1000", "--checkpoint-every", "50"}
 	zero := exec.Command(bin, append(args, "--rank", "0", "--json")...)
 	var zeroErr strings.Builder

@@ -28,7 +28,7 @@ func smallData(t *testing.T) *trainer.Synthetic {
 // training goes on through the failover (the client retries), and the model
 // ends close to the Bayes-optimal AUC of the planted model.
 func TestTrainThroughLeaderKill(t *testing.T) {
-	c := StartCluster(t, 3, FastRaft())
+	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	cl := c.Client()
 	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
@@ -116,7 +116,7 @@ func trainGroup(t *testing.T, world int, cfg trainer.LoopConfig) []*trainer.Resu
 // dense gradient by allreduce every step; they end with bit-identical dense
 // parameters and a model near the Bayes-optimal AUC.
 func TestTrainSynchronousTrainers(t *testing.T) {
-	c := StartCluster(t, 3, FastRaft())
+	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestTrainTrainersMatchOne(t *testing.T) {
 		// trainers, and make test-unit runs this one.
 		t.Skip("numerical check; run without -race")
 	}
-	c := StartCluster(t, 3, FastRaft())
+	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	for _, name := range []string{"one", "two", "four"} {
 		if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: name, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
@@ -206,7 +206,7 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 		// trainers, and make test-unit runs this one.
 		t.Skip("numerical check; run without -race")
 	}
-	c := StartCluster(t, 3, FastRaft())
+	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	data := smallData(t)
 	for _, mode := range []string{"async", "ssp:2"} {

@@ -50,6 +50,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Raft.CommitTimeout, "commit-timeout", d.CommitTimeout, "how often an idle Raft leader tells followers the commit index (each costs CPU per group)")
 	fs.Uint64Var(&cfg.Raft.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
 	fs.Uint64Var(&cfg.Raft.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept after a snapshot")
+	fs.BoolVar(&cfg.Raft.NoSync, "unsafe-no-fsync", false, "do not fsync the Raft logs: an update acknowledged shortly before the machine (not only the process) crashes can be lost on every replica; for tests and benchmarks, never on a production node")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", shard.DefaultMaxMessageBytes, "largest gRPC message accepted")
 	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	if rc := parse(fs, args, stderr); rc >= 0 {
@@ -76,6 +77,9 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "raftps", Level: hclog.LevelFromString(logLevel), Output: stderr})
+	if cfg.Raft.NoSync {
+		cfg.Logger.Warn("--unsafe-no-fsync: the Raft logs are not fsynced; a machine crash can lose acknowledged updates")
+	}
 	node, err := shard.StartNode(cfg)
 	if err != nil {
 		return fail(stderr, "server", err)

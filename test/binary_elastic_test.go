@@ -37,7 +37,7 @@ func binaryClusterN(t *testing.T, n, spare int, serverArgs ...string) (bin, dir,
 	bin = buildBinary(t)
 	dir = filepath.Join(t.TempDir(), "cluster")
 	base := freePortRun(t, n+spare)
-	runRaftps(t, bin, "cluster", "up", "--nodes", fmt.Sprint(n), "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", strings.Join(serverArgs, " "))
+	runRaftps(t, bin, "cluster", "up", "--nodes", fmt.Sprint(n), "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", serverArgsOf(serverArgs))
 	t.Cleanup(func() {
 		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
 			t.Logf("cluster down: %v\n%s", err, out)

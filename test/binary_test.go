@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +44,13 @@ const fastTimeouts = "--heartbeat-timeout 150ms --election-timeout 150ms --leade
 // lose nothing by it, as the machine stays up.
 const unsafeNoFsync = "--unsafe-no-fsync"
 
+// serverArgsOf is cluster up's --server-args for serverArgs. The servers
+// run detached, so they would outlive a test binary that dies without its
+// cleanups (go test's -timeout panic): they stop with it.
+func serverArgsOf(serverArgs []string) string {
+	return strings.Join(append(slices.Clone(serverArgs), "--stop-with-pid", fmt.Sprint(os.Getpid())), " ")
+}
+
 // binaryCluster builds the binary and starts a 3-node cluster of it, its
 // servers run with serverArgs, taken down when the test ends. It returns
 // the binary, the cluster's directory and its gRPC addresses.
@@ -59,7 +69,7 @@ func binaryClusterEnv(t testing.TB, env []string, serverArgs ...string) (bin, di
 	bin = buildBinary(t)
 	dir = filepath.Join(t.TempDir(), "cluster")
 	base := freePortRun(t, 3)
-	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", strings.Join(serverArgs, " "))
+	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", serverArgsOf(serverArgs))
 	up.Env = append(os.Environ(), env...)
 	if out, err := up.CombinedOutput(); err != nil {
 		t.Fatalf("raftps cluster up: %v\n%s", err, out)
@@ -238,5 +248,68 @@ func TestBinaryTrainProcesses(t *testing.T) {
 	t.Logf("2 trainers, %d steps each: AUC %.4f (Bayes %.4f)", res.Steps, res.FinalAUC, res.BayesAUC)
 	if res.Steps != 300 || res.FinalAUC < 0.7 {
 		t.Fatalf("trained %d steps to AUC %.4f; want 300 steps and AUC above 0.7", res.Steps, res.FinalAUC)
+	}
+}
+
+// TestBinaryServerStopsWithPID: a server given --stop-with-pid shuts down
+// cleanly (exit 0) once that process exits, so the nodes a test binary
+// started do not outlive it; a PID with no process is refused at start.
+func TestBinaryServerStopsWithPID(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	base := freePortRun(t, 1)
+	watched := exec.Command("sleep", "600")
+	if err := watched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = watched.Process.Kill() }()
+	server := func(dir string, pid int) *exec.Cmd {
+		return exec.Command(bin, "server", "--id", "n1", "--addr", fmt.Sprintf("127.0.0.1:%d", base), "--data-dir", dir, "--bootstrap",
+			"--stop-with-pid", fmt.Sprint(pid))
+	}
+	srv := server(t.TempDir(), watched.Process.Pid)
+	var out strings.Builder
+	srv.Stderr = &out
+	stdout, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill() }()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.Contains(line, "serving on") {
+		t.Fatalf("server's first line %q (%v)\n%s", line, err, out.String())
+	}
+	exit := make(chan error, 1)
+	go func() { exit <- srv.Wait() }()
+	select {
+	case err := <-exit:
+		t.Fatalf("server exited while the watched process runs: %v\n%s", err, out.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+	// Killed but not yet reaped: a zombie must count as exited.
+	if err := watched.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exit:
+		if err != nil {
+			t.Fatalf("server: %v, want exit 0\n%s", err, out.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("server still runs 15s after the watched process died\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "the process of --stop-with-pid exited") {
+		t.Errorf("the server's log does not say why it stopped:\n%s", out.String())
+	}
+	_ = watched.Wait()
+
+	// The watched process is reaped now: its PID names no process.
+	b, err := server(t.TempDir(), watched.Process.Pid).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(b), "no process") {
+		t.Fatalf("server with a dead --stop-with-pid: %v\n%s; want exit 1 saying there is no such process", err, b)
 	}
 }

@@ -23,6 +23,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 		clusterJoin string
 		gossipJoin  string
 		logLevel    string
+		stopWith    int
 	)
 	d := replication.DefaultRaftConfig()
 	fs.StringVar(&cfg.ID, "id", "", "this node's ID, unique in the cluster (required)")
@@ -51,6 +52,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.Raft.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
 	fs.Uint64Var(&cfg.Raft.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept after a snapshot")
 	fs.BoolVar(&cfg.Raft.NoSync, "unsafe-no-fsync", false, "do not fsync the Raft logs: an update acknowledged shortly before the machine (not only the process) crashes can be lost on every replica; for tests and benchmarks, never on a production node")
+	fs.IntVar(&stopWith, "stop-with-pid", 0, "shut down, as on SIGTERM, once process PID has exited: the test or supervisor that started this node, so that it does not outlive them (0: never)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", shard.DefaultMaxMessageBytes, "largest gRPC message accepted")
 	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	if rc := parse(fs, args, stderr); rc >= 0 {
@@ -76,6 +78,16 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 			cfg.Gossip.Join = append(cfg.Gossip.Join, a)
 		}
 	}
+	var parentGone <-chan struct{}
+	if stopWith != 0 {
+		if stopWith < 0 {
+			return fail(stderr, "server", fmt.Errorf("--stop-with-pid %d: not a process ID", stopWith))
+		}
+		var err error
+		if parentGone, err = exited(stopWith); err != nil {
+			return fail(stderr, "server", fmt.Errorf("--stop-with-pid: %w", err))
+		}
+	}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "raftps", Level: hclog.LevelFromString(logLevel), Output: stderr})
 	if cfg.Raft.NoSync {
 		cfg.Logger.Warn("--unsafe-no-fsync: the Raft logs are not fsynced; a machine crash can lose acknowledged updates")
@@ -87,8 +99,12 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "raftps server %s serving on %s\n", cfg.ID, cfg.Addr)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	s := <-sig
-	cfg.Logger.Info("shutting down", "signal", s.String())
+	select {
+	case s := <-sig:
+		cfg.Logger.Info("shutting down", "signal", s.String())
+	case <-parentGone:
+		cfg.Logger.Info("shutting down: the process of --stop-with-pid exited", "pid", stopWith)
+	}
 	done := make(chan error, 1)
 	go func() { done <- node.Close() }()
 	select {

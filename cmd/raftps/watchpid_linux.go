@@ -1,0 +1,34 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// exited returns a channel closed once process pid has exited. A pidfd
+// names the process itself, not its number, so a number reused by a later
+// process cannot keep the watch alive; it becomes readable at exit, before
+// the parent reaps it. Kernels before 5.3 have no pidfd: polling then.
+func exited(pid int) (<-chan struct{}, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
+	if err != nil {
+		return pollExited(pid)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer unix.Close(fd)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err == nil || !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
+	}()
+	return done, nil
+}

@@ -277,6 +277,11 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 			}
 			err = fromStatus(err)
 			if !retryable(err) {
+				if ctx.Err() != nil && last != nil {
+					// The time ran out in this attempt: its error says
+					// only that, where the one before says why.
+					return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)
+				}
 				return err
 			}
 			last = err

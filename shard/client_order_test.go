@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +63,29 @@ func TestClientRetriesCallsTheServerCancelled(t *testing.T) {
 	if retryable(got) || !errors.Is(got, context.Canceled) {
 		t.Errorf("a call its caller cancelled: %v, want context.Canceled, not retryable", got)
 	}
+}
+
+// TestClientGaveUpSaysWhy: when the retry time runs out inside an attempt,
+// the error still carries the last real failure (a refused connection),
+// not only "context deadline exceeded", and still is the deadline for
+// errors.Is.
+func TestClientGaveUpSaysWhy(t *testing.T) {
+	c, err := NewClient(ClientConfig{Addrs: []string{"a:1"}, RetryTimeout: 200 * time.Millisecond, AttemptTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	calls := 0
+	err = c.withRetry(context.Background(), "", "", func(ctx context.Context, addr string) error {
+		calls++
+		if calls == 1 {
+			return status.Error(codes.Unavailable, "dial tcp a:1: connect: connection refused")
+		}
+		<-ctx.Done() // the node accepted and went silent
+		return status.FromContextError(ctx.Err()).Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") || calls != 2 {
+		t.Fatalf("after %d calls: %v; want the deadline, naming the refused connection before it", calls, err)
+	}
+	t.Log(err)
 }

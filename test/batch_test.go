@@ -16,6 +16,7 @@ import (
 // give, and the other parts are served. Afterwards only the good parts were
 // applied.
 func TestBatchPartsFailAlone(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	if _, err := c.Client().CreateTable(ctx, counterSpec("emb", 1)); err != nil {
@@ -100,6 +101,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 // NotLeader parts and fall back to the per-shard path), and every push is
 // applied exactly once.
 func TestClientFollowsMovedLeaders(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	cl := c.Client()

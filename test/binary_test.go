@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,12 +103,24 @@ func runRaftps(t testing.TB, bin string, args ...string) string {
 }
 
 // freePortRun finds a base port with n consecutive free gRPC ports and their
-// HTTP (base+100...) and gossip (base+1000...) ports.
+// HTTP (base+100...) and gossip (base+1000...) ports. The servers bind them
+// only later, so the run lies below the kernel's ephemeral range, where no
+// outgoing connection (of an in-process cluster in a parallel test) can
+// take one meanwhile, and no two tests of this binary get overlapping runs.
 func freePortRun(t testing.TB, n int) int {
 	t.Helper()
-	for try := 0; try < 50; try++ {
-		base := 20000 + rand.IntN(20000)
+	const lowest = 10000
+	top := ephemeralLow() - 1000 - n // the last gossip port stays below it
+	portRunsMu.Lock()
+	defer portRunsMu.Unlock()
+	for try := 0; try < 50 && top > lowest+n; try++ {
+		base := lowest + rand.IntN(top-lowest)
 		ok := true
+		for _, b := range portRuns {
+			if overlapping(base, b) {
+				ok = false
+			}
+		}
 		for i := 0; i < n && ok; i++ {
 			for _, p := range []int{base + i, base + 100 + i, base + 1000 + i} {
 				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
@@ -119,6 +132,7 @@ func freePortRun(t testing.TB, n int) int {
 			}
 		}
 		if ok {
+			portRuns = append(portRuns, base)
 			return base
 		}
 	}
@@ -126,10 +140,45 @@ func freePortRun(t testing.TB, n int) int {
 	return 0
 }
 
+// portRuns are the bases freePortRun handed out in this test binary.
+var (
+	portRunsMu sync.Mutex
+	portRuns   []int
+)
+
+// overlapping says whether the runs at bases a and b share a port. A run
+// holds up to 100 nodes (cluster add takes the next port of its run) at
+// each of its offsets.
+func overlapping(a, b int) bool {
+	for _, oa := range []int{0, 100, 1000} {
+		for _, ob := range []int{0, 100, 1000} {
+			if d := (a + oa) - (b + ob); d > -100 && d < 100 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux;
+// 32768, its default, elsewhere).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || lo < 1024 {
+		return 32768
+	}
+	return lo
+}
+
 // TestBinaryClusterFailover drives the real binary as a user would: cluster
 // up, table create, pushes, SIGKILL of the leader's process, more pushes,
 // then checks that no acknowledged push was lost and takes the cluster down.
 func TestBinaryClusterFailover(t *testing.T) {
+	waitsMostly(t)
 	bin, dir, cluster := binaryCluster(t, fastTimeouts)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
@@ -255,6 +304,7 @@ func TestBinaryTrainProcesses(t *testing.T) {
 // cleanly (exit 0) once that process exits, so the nodes a test binary
 // started do not outlive it; a PID with no process is refused at start.
 func TestBinaryServerStopsWithPID(t *testing.T) {
+	waitsMostly(t)
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

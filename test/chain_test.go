@@ -220,6 +220,7 @@ func TestChainHistoryThroughKills(t *testing.T) {
 // chaos expects of a group's leader), and that the replicas' checksums,
 // asked for, agree.
 func TestChainStatus(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()
@@ -294,6 +295,7 @@ func TestChainStatus(t *testing.T) {
 //     epoch is current lets it serve), while eventual reads still see it;
 //   - healed, it is appended again and serves the new row.
 func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
+	waitsMostly(t)
 	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) {
 		cfg.FaultInjection = true
 		cfg.Gossip.ProbeInterval, cfg.Gossip.ProbeTimeout, cfg.Gossip.SuspicionMult = time.Second, 500*time.Millisecond, 6
@@ -390,6 +392,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 // does not append the node again at once; pushes then go on, nothing
 // acknowledged is lost, and the node has closed and deleted its replica.
 func TestChainBrokenMemberRemoved(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	const table = "cbroken"
 	cl, sm := c.oneChainPushed(table)
@@ -433,6 +436,7 @@ func TestChainBrokenMemberRemoved(t *testing.T) {
 // already says it was removed, so it never reopens the replica), that it
 // is not a member, and that the chain's row is intact.
 func TestChainLeftReplicaDeleted(t *testing.T) {
+	waitsMostly(t)
 	c := StartClusterWith(t, 4, FastRaft(), func(cfg *shard.NodeConfig) { cfg.RepairGrace = 2 * time.Second })
 	const table = "cleft"
 	cl, sm := c.oneChainPushed(table)
@@ -488,6 +492,7 @@ func TestChainRestartedMemberKeepsItsReplica(t *testing.T) {
 // the chain's current epoch, and a metadata leader cut off from the others
 // gives none once they have moved the chain to a new epoch.
 func TestMetaConfirmWritesNoLog(t *testing.T) {
+	waitsMostly(t)
 	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
 	const table = "cconfirm"
 	_, sm := c.oneChainPushed(table)

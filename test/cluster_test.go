@@ -159,6 +159,7 @@ func verify(t *testing.T, c *Cluster, l *ledger, table string) {
 }
 
 func TestClusterReplicatesPushes(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	spec, err := cl.CreateTable(context.Background(), counterSpec("emb", 4))
@@ -182,6 +183,7 @@ func TestClusterReplicatesPushes(t *testing.T) {
 // nothing acknowledged is lost or applied twice, and the node, restarted from
 // its data directory, catches up to identical replicas.
 func TestClusterLeaderKill(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	spec, err := c.Client().CreateTable(context.Background(), counterSpec("emb", 2))
 	if err != nil {
@@ -213,6 +215,7 @@ func TestClusterLeaderKill(t *testing.T) {
 }
 
 func TestClusterRestartKeepsEverything(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	spec, err := c.Client().CreateTable(context.Background(), counterSpec("emb", 3))
 	if err != nil {
@@ -243,6 +246,7 @@ func rawStub(t *testing.T, addr string) shardpb.ParameterServerClient {
 // TestClusterBadRequests: every bad input gets its documented code and a
 // message naming what is wrong, and changes nothing.
 func TestClusterBadRequests(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()

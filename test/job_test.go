@@ -39,6 +39,7 @@ func metaLeader(t *testing.T, c *Cluster) int {
 // leader's node is stopped, round 2 is still there and fills up. DeleteJob
 // removes the job.
 func TestJobRendezvous(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -166,6 +167,7 @@ func TestJobRendezvous(t *testing.T) {
 // TestJobSurvivesRestart: the registry is in the metadata group's log and
 // snapshots, so a cluster restarted from its data dirs still has the job.
 func TestJobSurvivesRestart(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

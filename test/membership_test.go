@@ -55,6 +55,7 @@ func waitStatus(t *testing.T, c *Cluster, nodes []int, timeout time.Duration, wh
 // table is under-replicated; back, it is alive again and nothing is
 // under-replicated.
 func TestMembershipStatus(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	if _, err := c.Client().CreateTable(ctx, counterSpec("members", 2)); err != nil {
@@ -112,6 +113,7 @@ func TestMembershipStatus(t *testing.T) {
 // leave) is found dead by gossip, and raftps status --json shows it, with
 // every shard under-replicated.
 func TestBinaryMembershipSIGKILL(t *testing.T) {
+	waitsMostly(t)
 	bin, dir, cluster := binaryCluster(t, fastTimeouts)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--cluster", cluster)

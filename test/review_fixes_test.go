@@ -53,6 +53,7 @@ func metaFollower(t *testing.T, c *Cluster) int {
 // AppendEntries larger than MaxMessageBytes: a follower that fell behind by
 // several entries is caught up and ends bit-identical to the others.
 func TestReviewMessageLimits(t *testing.T) {
+	waitsMostly(t)
 	const limit = 1 << 20
 	c := StartCluster(t, 3, FastRaft())
 	for i := range c.cfgs {
@@ -113,6 +114,7 @@ func TestReviewMessageLimits(t *testing.T) {
 // back to shard.ErrBadRequest and not to replication.ErrBadRequest (their
 // texts used to be equal, so it came back as the replication one).
 func TestReviewBoundedAndBadRequest(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()
@@ -149,6 +151,7 @@ func TestReviewBoundedAndBadRequest(t *testing.T) {
 // must return ErrClientIDReused instead of success, the row must hold only
 // the first Client's push, and a Client with its own ID is unaffected.
 func TestReviewClientIDReused(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	a := newClient(t, c, shard.ClientConfig{ClientID: 42})
@@ -180,6 +183,7 @@ func TestReviewClientIDReused(t *testing.T) {
 // a Background context, CreateTable, Push and Pull all succeed quickly
 // through the other nodes.
 func TestReviewSilentNode(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -233,6 +237,7 @@ func TestReviewSilentNode(t *testing.T) {
 // ErrUnknownTable from Describe, and sees a just-created table at once in
 // Describe and ListTables.
 func TestReviewUnknownTable(t *testing.T) {
+	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
 	k := shard.KeysBytes([]uint64{1})

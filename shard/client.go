@@ -277,7 +277,7 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 			}
 			err = fromStatus(err)
 			if !retryable(err) {
-				if ctx.Err() != nil && last != nil {
+				if ctx.Err() != nil && last != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 					// The time ran out in this attempt: its error says
 					// only that, where the one before says why.
 					return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)

@@ -21,11 +21,20 @@ func exited(pid int) (<-chan struct{}, error) {
 	}
 	done := make(chan struct{})
 	go func() {
-		defer close(done)
 		defer unix.Close(fd)
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {
-			if _, err := unix.Poll(fds, -1); err == nil || !errors.Is(err, unix.EINTR) {
+			_, err := unix.Poll(fds, -1)
+			if err == nil {
+				close(done)
+				return
+			}
+			if !errors.Is(err, unix.EINTR) {
+				// Not a reason to stop the node: watch the slow way.
+				if polled, err := pollExited(pid); err == nil {
+					<-polled
+				}
+				close(done)
 				return
 			}
 		}

@@ -34,9 +34,10 @@ test: verify test-unit test-race test-determinism test-docker-if-engine ## what 
 
 test-unit: ## go test ./... (no race detector)
 	@mkdir -p bin
-	@# -timeout: go test's default (10 minutes per package) is about what
-	@# the ./test package takes on a slow 2-core host; past it the package
-	@# dies without running its cleanups.
+	@# -timeout: go test's default (10 minutes per package) is too close to
+	@# what the ./test package took on a slow 2-core host (583-791 s before
+	@# its training tests dropped fsync; about 250 s now on a faster one), and
+	@# past it the package dies without running its cleanups.
 	$(GO) test -count=1 -timeout 20m ./... 2>&1 | tee $(TEST_LOG)
 
 test-race: ## tests of the concurrent packages under the race detector

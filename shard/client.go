@@ -280,7 +280,7 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 				if ctx.Err() != nil && last != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 					// The time ran out in this attempt: its error says
 					// only that, where the one before says why.
-					return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)
+					return gaveUp(ctx, round, last)
 				}
 				return err
 			}
@@ -302,7 +302,7 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)
+			return gaveUp(ctx, round, last)
 		}
 		// Follow the first redirect at once: usually the leader changed and
 		// the hint is right. Every later round backs off, redirect or not: a
@@ -318,6 +318,12 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// gaveUp is retry's error once ctx ended: the context's error, to match with
+// errors.Is, and the last failure, which says why.
+func gaveUp(ctx context.Context, round int, last error) error {
+	return fmt.Errorf("raftps client: gave up after %d rounds: %w (last error: %v)", round+1, ctx.Err(), last)
 }
 
 // attempt is one call of fn to one node, bounded by AttemptTimeout. Running

@@ -110,17 +110,15 @@ func runRaftps(t testing.TB, bin string, args ...string) string {
 func freePortRun(t testing.TB, n int) int {
 	t.Helper()
 	const lowest = 10000
-	top := ephemeralLow() - 1000 - n // the last gossip port stays below it
+	top := ephemeralLow() - 1000 - runSpan // a run's last gossip port stays below it
+	if n > runSpan || top <= lowest {
+		t.Fatalf("no room for a run of %d nodes below the ephemeral ports (%d)", n, ephemeralLow())
+	}
 	portRunsMu.Lock()
 	defer portRunsMu.Unlock()
-	for try := 0; try < 50 && top > lowest+n; try++ {
+	for try := 0; try < 50; try++ {
 		base := lowest + rand.IntN(top-lowest)
-		ok := true
-		for _, b := range portRuns {
-			if overlapping(base, b) {
-				ok = false
-			}
-		}
+		ok := !slices.ContainsFunc(portRuns, func(b int) bool { return overlapping(base, b) })
 		for i := 0; i < n && ok; i++ {
 			for _, p := range []int{base + i, base + 100 + i, base + 1000 + i} {
 				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
@@ -146,13 +144,16 @@ var (
 	portRuns   []int
 )
 
-// overlapping says whether the runs at bases a and b share a port. A run
-// holds up to 100 nodes (cluster add takes the next port of its run) at
-// each of its offsets.
+// runSpan is how many nodes a port run has room for: cluster add takes the
+// next port of its run.
+const runSpan = 100
+
+// overlapping says whether the runs at bases a and b share a port at any of
+// their offsets.
 func overlapping(a, b int) bool {
 	for _, oa := range []int{0, 100, 1000} {
 		for _, ob := range []int{0, 100, 1000} {
-			if d := (a + oa) - (b + ob); d > -100 && d < 100 {
+			if d := (a + oa) - (b + ob); d > -runSpan && d < runSpan {
 				return true
 			}
 		}

@@ -128,7 +128,7 @@ func TestBinaryTrainModes(t *testing.T) {
 func TestBinaryTrainResumes(t *testing.T) {
 	bin, _, addrs := binaryCluster(t, unsafeNoFsync)
 	args := []string{"--cluster", addrs, "--job", "resume", "--steps", "2000", "--checkpoint-every", "50"}
-	// Kill it once it has passed step 600 (progress lines every 300 steps).
+	// Kill it once it has passed step 600 (progress lines every 200 steps).
 	killAfterLine(t, exec.Command(bin, append([]string{"train"}, args...)...), "step 600/2000")
 	res := runTrain(t, bin, args...)
 	t.Logf("resumed at step %d, finished %d: AUC %.4f (Bayes %.4f)", res.FirstStep, res.Steps, res.FinalAUC, res.BayesAUC)

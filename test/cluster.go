@@ -42,10 +42,10 @@ func FastRaft() replication.RaftConfig {
 // TrainRaft is FastRaft without fsync of the Raft logs, for the tests
 // whose subject is training rather than durability. In-process nodes share
 // the test's page cache, so a killed node loses nothing either way; what
-// fsync adds here is time: on the 2-core CI hosts a push waits for four
-// fsyncs in a row (leader, then follower, two per bbolt commit), which made
-// a logistic-regression step about four times as long (measured: 500 steps
-// in 4.1-4.6 s against 1.0-2.2 s).
+// fsync adds here is time: a push waits for four fsyncs in a row (leader,
+// then follower, two per bbolt commit), which made a logistic-regression
+// step 2.3-2.4 times as long on a 2-core host (BenchmarkTrainStep;
+// docs/BENCHMARKS.md, "Where push time goes").
 func TrainRaft() replication.RaftConfig {
 	c := FastRaft()
 	c.NoSync = true

@@ -2,12 +2,14 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/raftps/raftps/collective"
+	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/trainer"
 )
@@ -15,7 +17,7 @@ import (
 // smallData is the default synthetic CTR data: its vocabulary is small
 // enough that logistic regression gets near the Bayes-optimal AUC in a few
 // seconds.
-func smallData(t *testing.T) *trainer.Synthetic {
+func smallData(t testing.TB) *trainer.Synthetic {
 	s, err := trainer.NewSynthetic(trainer.DefaultSyntheticConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -249,5 +251,35 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 		if first := results[0].Evals[0]; last.AUC < float64(last.BayesAUC)-0.05 || last.AUC <= first.AUC {
 			t.Errorf("%s: AUC went from %.4f to %.4f; want it to rise to within 0.05 of the Bayes-optimal %.4f", mode, first.AUC, last.AUC, last.BayesAUC)
 		}
+	}
+}
+
+// BenchmarkTrainStep (docs/BENCHMARKS.md, "Where push time goes"): logistic
+// regression, one trainer, batch 64, on an in-process 3-node cluster, with
+// the Raft logs fsynced (as in production) and not (TrainRaft). Reports the
+// wall time per step and the push and pull latencies.
+func BenchmarkTrainStep(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		raft func() replication.RaftConfig
+	}{{"fsync", FastRaft}, {"nosync", TrainRaft}} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := StartCluster(b, 3, tc.raft())
+			ctx := context.Background()
+			for i := range b.N {
+				table := fmt.Sprintf("lr%d", i)
+				if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: table, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
+					b.Fatal(err)
+				}
+				res, err := trainer.Train(ctx, trainer.LoopConfig{PS: c.Client(), Table: table, Model: trainer.LR{}, Data: smallData(b),
+					Batch: 64, Steps: 500, DenseLR: 2, EvalSamples: 2000})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(1000*res.Seconds/float64(res.Steps), "ms/step")
+				b.ReportMetric(res.Push.P50, "push_p50_ms")
+				b.ReportMetric(res.Pull.P50, "pull_p50_ms")
+			}
+		})
 	}
 }

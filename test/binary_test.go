@@ -301,6 +301,98 @@ func TestBinaryTrainProcesses(t *testing.T) {
 	}
 }
 
+// TestBinaryTrainChildrenDieWithParent: the trainer processes that raftps
+// train --trainers N starts end with it when it is killed. Here the
+// cluster address has no server, so before the fix an orphaned trainer
+// retried for its client's whole retry time (30 s) instead.
+func TestBinaryTrainChildrenDieWithParent(t *testing.T) {
+	waitsMostly(t)
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	nobody := fmt.Sprintf("127.0.0.1:%d", freePortRun(t, 1)) // nothing listens there
+	parent := exec.Command(bin, "train", "--cluster", nobody, "--trainers", "2", "--model", "lr", "--quiet")
+	// A file, not a pipe: the child inherits it, and Wait would wait for
+	// every writer of a pipe to close it, the orphan included.
+	log, err := os.Create(filepath.Join(t.TempDir(), "train.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	parent.Stderr = log
+	out := func() string { b, _ := os.ReadFile(log.Name()); return string(b) }
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = parent.Process.Kill(); _ = parent.Wait() }()
+	var child int
+	for deadline := time.Now().Add(10 * time.Second); child == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("raftps train --trainers 2 started no child process in 10s\n%s", out())
+		}
+		child = childOf(parent.Process.Pid)
+	}
+	defer func() { _ = syscall.Kill(child, syscall.SIGKILL) }()
+	if err := parent.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = parent.Wait()
+	for deadline := time.Now().Add(5 * time.Second); running(child); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("trainer %d still runs 5s after raftps train was killed\n%s", child, out())
+		}
+	}
+}
+
+// childOf returns the PID of a child process of pid, 0 if it has none.
+func childOf(pid int) int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		var self, ppid int
+		if b, err := os.ReadFile(f); err == nil && procStat(b, &self, nil, &ppid) && ppid == pid {
+			return self
+		}
+	}
+	return 0
+}
+
+// running says whether process pid exists and has not exited: a zombie
+// (exited, not yet reaped by whoever adopted it) counts as exited.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	var state byte
+	return err == nil && procStat(b, nil, &state, nil) && state != 'Z' && state != 'X'
+}
+
+// procStat parses the PID, state and parent PID out of a /proc/PID/stat
+// line, "pid (comm) state ppid ...", where comm may hold spaces and parens.
+func procStat(b []byte, pid *int, state *byte, ppid *int) bool {
+	s := string(b)
+	open, shut := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || shut < open {
+		return false
+	}
+	var p, pp int
+	var st byte
+	if _, err := fmt.Sscanf(s[:open], "%d", &p); err != nil {
+		return false
+	}
+	if _, err := fmt.Sscanf(s[shut+1:], " %c %d", &st, &pp); err != nil {
+		return false
+	}
+	if pid != nil {
+		*pid = p
+	}
+	if state != nil {
+		*state = st
+	}
+	if ppid != nil {
+		*ppid = pp
+	}
+	return true
+}
+
 // TestBinaryServerStopsWithPID: a server given --stop-with-pid shuts down
 // cleanly (exit 0) once that process exits, so the nodes a test binary
 // started do not outlive it; a PID with no process is refused at start.

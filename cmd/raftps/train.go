@@ -231,6 +231,7 @@ func startTrainers(args []string, n int, stderr io.Writer) (*trainerProcs, error
 			"--trainers", "1", "--world", fmt.Sprint(n), "--rank", fmt.Sprint(r), "--quiet", "--json")...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, stderr
+		dieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			for _, c := range p.cmds {
 				_ = c.Process.Kill()

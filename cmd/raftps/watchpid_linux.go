@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os/exec"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,4 +42,16 @@ func exited(pid int) (<-chan struct{}, error) {
 		}
 	}()
 	return done, nil
+}
+
+// dieWithParent makes cmd's process get SIGTERM when this process dies, so
+// a trainer started by raftps train --trainers N does not train on alone
+// (until its client gives up) after its parent was killed. The kernel sends
+// it when the thread that started the child exits; Go ends a thread only
+// when a goroutine locked to it returns, which this command never does.
+func dieWithParent(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
 }

@@ -311,30 +311,42 @@ func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *s
 	if ch.Role() == replication.RoleTail {
 		role = roleLeader // the tail answers from its own state, as a leader does
 	}
-	mode := replication.ReadCRAQ
-	switch level {
-	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		mode = replication.ReadAny
-	case shardpb.Consistency_CONSISTENCY_BOUNDED:
-		err = s.n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), bound)
-	default:
-		err = s.n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), 0)
-	}
-	if err != nil {
-		s.n.served.refused(role, level)
-		return nil, toStatus(err)
-	}
 	out := make([]float32, len(keys)*int(spec.Dim))
-	ix, err := ch.Pull(ctx, keys, out, mode)
+	ix, err := s.n.chainRead(ctx, ch, keys, out, level, bound)
 	if err != nil {
 		s.n.served.refused(role, level)
-		if !errors.Is(err, replication.ErrBadRequest) && !errors.Is(err, store.ErrDimMismatch) && ctx.Err() == nil {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
 		return nil, toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
 	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: ix, ServedBy: roleNames[role]}, nil
+}
+
+// chainRead reads keys' rows from this chain member into out at level:
+// eventual from its own state; bounded and linearizable by CRAQ once the
+// member has confirmed its epoch with the metadata leader (within bound,
+// or now). It returns the applied index the rows are at.
+func (n *Node) chainRead(ctx context.Context, ch *replication.Chain, keys []uint64, out []float32, level shardpb.Consistency, bound time.Duration) (uint64, error) {
+	mode := replication.ReadCRAQ
+	var err error
+	switch level {
+	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
+		mode = replication.ReadAny
+	case shardpb.Consistency_CONSISTENCY_BOUNDED:
+		err = n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), bound)
+	default:
+		err = n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), 0)
+	}
+	if err != nil {
+		return 0, err
+	}
+	ix, err := ch.Pull(ctx, keys, out, mode)
+	if err != nil {
+		if !errors.Is(err, replication.ErrBadRequest) && !errors.Is(err, store.ErrDimMismatch) && ctx.Err() == nil {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return 0, err
+	}
+	return ix, nil
 }
 
 // chainStatus is a chain replica's status line. State says "leader" on the

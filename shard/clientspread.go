@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -119,7 +120,12 @@ func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys [
 		c.refreshSpecLocked(table)
 		c.mu.Unlock()
 	}
-	hot := c.hotShardsOf(spec)
+	var hot map[uint32]*hotShardView
+	if cmp.Or(o.Level, spec.Consistency) != shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
+		// Read replicas serve no linearizable pull (of a chain table,
+		// spread over its members); they would send every one back.
+		hot = c.hotShardsOf(spec)
+	}
 	rows := make([][]byte, spec.Shards)
 	// Each pull ranks the nodes in a random order and asks every shard's
 	// first-ranked replica (a hot key's: replica or read replica): over

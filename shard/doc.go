@@ -18,8 +18,8 @@
 //     rebalances after joins and drains, one idempotent step per shard at a
 //     time, carried out by the shard's leader (reconfigure.go: a non-voter
 //     catches up before it votes; removal after replacement).
-//   - Chain tables (TableSpec replication "chain", fixed at creation; no hot
-//     keys): each shard is a replication.Chain instead of a Raft group. Its
+//   - Chain tables (TableSpec replication "chain", fixed at creation):
+//     each shard is a replication.Chain instead of a Raft group. Its
 //     order is the map entry's replica list, head first, and its epoch the
 //     entry's epoch; the scheduler changes it only by removing a member
 //     (survivors keep their order) or appending one at the tail, one change
@@ -67,9 +67,10 @@
 //     pulls by any replica not cut off. AlterTable changes a table's level.
 //     Per-node served-pull counters by role and level.
 //   - Hot keys (hot.go): per-shard space-saving counts of pulled keys,
-//     reported to the shard leader once a window; the leader's hot set and
-//     its read replicas outside the replica set, which copy the hot rows by
-//     linearizable reads and serve bounded and eventual pulls of them.
+//     reported to the shard leader (a chain's head) once a window; the
+//     leader's hot set and its read replicas outside the replica set, which
+//     copy the hot rows by linearizable reads and serve bounded and
+//     eventual pulls of them.
 //   - service: thin handlers. Each checks the request, calls the node or the
 //     shard's replication.Group, and converts the error with toStatus, the one
 //     table from sentinel errors to gRPC codes (errors.go). A request a

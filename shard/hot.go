@@ -9,19 +9,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
 // Hot keys (see docs/ARCHITECTURE.md, "Hot keys"). Every node counts the
 // keys of the pulls it serves per shard in a space-saving sketch; once a
-// window each node sends its counts to the shard's leader, which adds them
-// up, decides the hot set (rate at least the table's threshold; a hot key
-// stays hot until its rate falls below half of it), and assigns read
-// replicas on nodes outside the shard's replica set. A read replica copies
-// the hot rows from the leader by linearizable reads (HotRows) every few
-// tens of milliseconds and serves them at the bounded and eventual levels,
-// under the same read-lease rule as a follower.
+// window each node sends its counts to the shard's leader (of a chain
+// table: its head), which adds them up, decides the hot set (rate at least
+// the table's threshold; a hot key stays hot until its rate falls below
+// half of it), and assigns read replicas on nodes outside the shard's
+// replica set. A read replica copies the hot rows from the leader by
+// linearizable reads (HotRows) every few tens of milliseconds and serves
+// them at the bounded and eventual levels, under the same read-lease rule
+// as a follower.
 const (
 	// HotWindow is the counting window.
 	HotWindow = time.Second
@@ -249,20 +250,43 @@ func (n *Node) hotWindow() {
 	n.expireHotReplicas()
 }
 
+// hotLead says whether this node decides table/shard's hot set: it leads
+// the shard's Raft group, or is the head of its chain. term orders the
+// decider's messages at the read replicas: the Raft term, or the chain's
+// epoch (each only grows, and a table's replication never changes).
+// leader is the decider's address as this node knows it, "" when this node
+// holds no replica of the shard or knows of no leader.
+func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, leader string) {
+	if g := n.Group(table, shard); g != nil {
+		if g.IsLeader() {
+			return true, g.Raft().CurrentTerm(), n.cfg.Addr
+		}
+		a, _ := g.Raft().LeaderWithID()
+		return false, g.Raft().CurrentTerm(), string(a)
+	}
+	if ch := n.Chain(table, shard); ch != nil {
+		if ch.Role() == replication.RoleHead {
+			return true, ch.Epoch(), n.cfg.Addr
+		}
+		if order := ch.Order(); len(order) > 0 {
+			return false, ch.Epoch(), order[0]
+		}
+		return false, ch.Epoch(), ""
+	}
+	return false, 0, ""
+}
+
 // reportHot hands a window's counts to the shard's leader: directly if it
 // is this node, else by a best-effort ReportHot (a lost report makes the
 // leader under-count one window).
 func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
 	gid := groupID(table, shard)
-	var leaderAddr string
-	if g := n.Group(table, shard); g != nil {
-		if g.IsLeader() {
-			n.addReport(table, shard, n.cfg.ID, entries)
-			return
-		}
-		a, _ := g.Raft().LeaderWithID()
-		leaderAddr = string(a)
-	} else {
+	leads, _, leaderAddr := n.hotLead(table, shard)
+	if leads {
+		n.addReport(table, shard, n.cfg.ID, entries)
+		return
+	}
+	if leaderAddr == "" {
 		n.hot.mu.Lock()
 		if r := n.hot.replicas[gid]; r != nil {
 			r.mu.Lock()
@@ -315,8 +339,7 @@ func (s *service) ReportHot(ctx context.Context, req *shardpb.ReportHotRequest) 
 	if len(keys) != len(req.Counts) || len(keys) > hotSketchSize {
 		return nil, toStatus(fmt.Errorf("%w: hot-key report of %d keys and %d counts (at most %d)", ErrBadRequest, len(keys), len(req.Counts), hotSketchSize))
 	}
-	g := s.n.Group(req.Table, req.Shard)
-	if g == nil || !g.IsLeader() {
+	if leads, _, _ := s.n.hotLead(req.Table, req.Shard); !leads {
 		return nil, toStatus(fmt.Errorf("group %s: %w: node %s does not lead it", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
 	}
 	entries := make([]ssEntry, len(keys))
@@ -333,17 +356,13 @@ func (n *Node) decideHot() {
 	n.hot.mu.Lock()
 	defer n.hot.mu.Unlock()
 	for gid, l := range n.hot.leading {
-		g := n.Group(l.table, l.shard)
+		leads, term, _ := n.hotLead(l.table, l.shard)
 		spec := n.metaFSM.table(l.table)
-		if g == nil || !g.IsLeader() || spec == nil || spec.HotThreshold <= 0 {
+		if !leads || spec == nil || spec.HotThreshold <= 0 {
 			// Not leading any more, or hot keys were turned off: release the
 			// read replicas (a new leader assigns its own). The release
 			// carries this node's term, so a read replica does not take it
 			// for a message older than its assignment.
-			var term uint64
-			if g != nil {
-				term = g.Raft().CurrentTerm()
-			}
 			for id := range l.assigned {
 				n.assignHot(l, id, nil, term)
 			}
@@ -383,7 +402,6 @@ func (n *Node) decideHot() {
 			replicas = n.pickHotReplicas(l.table, l.shard, int(spec.HotReplicas))
 		}
 		l.replicas = replicas
-		term := g.Raft().CurrentTerm()
 		hotKeys := make([]uint64, len(keys))
 		for i, k := range keys {
 			hotKeys[i] = k.Key
@@ -608,10 +626,21 @@ func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*sh
 	}
 	g := s.n.Group(req.Table, req.Shard)
 	spec := s.n.metaFSM.table(req.Table)
-	if g == nil || spec == nil {
+	if spec == nil || (g == nil && !isChain(spec)) {
 		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
+	if isChain(spec) {
+		ch, err := s.n.chainFor(spec, req.Shard, 0)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		ix, err := s.n.chainRead(ctx, ch, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: ix}, nil
+	}
 	if err := g.Pull(ctx, keys, out, true); err != nil {
 		return nil, toStatus(err)
 	}
@@ -675,8 +704,7 @@ func (n *Node) hotShards(table string) []*shardpb.HotShard {
 		if (table != "" && l.table != table) || len(l.keys) == 0 {
 			continue
 		}
-		g := n.Group(l.table, l.shard)
-		if g == nil || g.Raft().State() != raft.Leader {
+		if leads, _, _ := n.hotLead(l.table, l.shard); !leads {
 			continue
 		}
 		hs := &shardpb.HotShard{Table: l.table, Shard: l.shard, Version: l.version, Keys: l.keys}

@@ -228,10 +228,7 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	if need := len(keys) * int(spec.Dim) * 4; need > s.n.cfg.MaxMessageBytes {
 		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
-	if isChain(spec) {
-		return s.chainPull(ctx, spec, req, keys, level, bound)
-	}
-	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil {
+	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil && s.n.Chain(req.Table, req.Shard) == nil {
 		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {
 			if err != nil {
 				s.n.served.refused(roleReadReplica, level)
@@ -241,6 +238,13 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 			s.n.countHot(spec, req.Shard, keys)
 			return &shardpb.PullResponse{Values: ValuesBytes(out), ServedBy: roleNames[roleReadReplica]}, nil
 		}
+	}
+	if isChain(spec) {
+		resp, err := s.chainPull(ctx, spec, req, keys, level, bound)
+		if err == nil {
+			s.n.countHot(spec, req.Shard, keys)
+		}
+		return resp, err
 	}
 	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
 	if err != nil {

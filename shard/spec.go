@@ -102,11 +102,6 @@ func checkLevel(s *shardpb.TableSpec) error {
 	case t == 0:
 		s.HotReplicas = 0
 	}
-	// Hot-key read replicas copy rows from, and report to, a shard's Raft
-	// leader; a chain has none, and CRAQ already spreads its reads.
-	if isChain(s) && s.HotThreshold > 0 {
-		return fmt.Errorf("%w: table %q: hot keys (threshold %v) are not available with %s replication", store.ErrInvalidConfig, s.Name, s.HotThreshold, ReplicationChain)
-	}
 	return nil
 }
 

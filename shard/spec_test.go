@@ -128,17 +128,17 @@ func TestNormalizeSpecReplication(t *testing.T) {
 			t.Errorf("replication %q stored as %q, want %q", r, s.Replication, want)
 		}
 	}
-	for _, bad := range []*shardpb.TableSpec{
-		{Name: "t", Dim: 4, Replication: "paxos"},
-		{Name: "t", Dim: 4, Replication: ReplicationChain, HotThreshold: 10},
-	} {
-		if _, err := normalizeSpec(bad); !errors.Is(err, store.ErrInvalidConfig) || !strings.Contains(err.Error(), "replication") {
-			t.Errorf("spec %v: err = %v, want ErrInvalidConfig naming replication", bad, err)
-		}
+	bad := &shardpb.TableSpec{Name: "t", Dim: 4, Replication: "paxos"}
+	if _, err := normalizeSpec(bad); !errors.Is(err, store.ErrInvalidConfig) || !strings.Contains(err.Error(), "replication") {
+		t.Errorf("spec %v: err = %v, want ErrInvalidConfig naming replication", bad, err)
 	}
-	// Alter cannot turn hot keys on for a chain table.
+	// Chain tables take hot keys, at creation or later, with the default
+	// number of read replicas.
+	if s, err := normalizeSpec(&shardpb.TableSpec{Name: "t", Dim: 4, Replication: ReplicationChain, HotThreshold: 10}); err != nil || s.HotReplicas != DefaultHotReplicas {
+		t.Errorf("chain table with hot keys: %v, %v; want %d read replicas", s, err, DefaultHotReplicas)
+	}
 	chain, _ := normalizeSpec(&shardpb.TableSpec{Name: "t", Dim: 4, Replication: ReplicationChain})
-	if _, err := alterSpec(chain, &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 5}); !errors.Is(err, store.ErrInvalidConfig) {
-		t.Errorf("alter hot on a chain table: err = %v, want ErrInvalidConfig", err)
+	if s, err := alterSpec(chain, &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 5}); err != nil || s.HotThreshold != 5 || s.Replication != ReplicationChain {
+		t.Errorf("alter hot on a chain table: %v, %v", s, err)
 	}
 }

@@ -161,13 +161,20 @@ func TestConsistencyLevelsServedWhere(t *testing.T) {
 // the others, and checks that it becomes hot, gets read replicas on the two
 // nodes outside its shard's replica set, that those serve it, and that what
 // they serve stays within the bound.
-func TestHotKeysGetReadReplicas(t *testing.T) {
+func TestHotKeysGetReadReplicas(t *testing.T) { testHotKeys(t, shard.ReplicationRaft) }
+
+// TestHotKeysGetReadReplicasChain is TestHotKeysGetReadReplicas on a chain
+// table: the head decides the hot set and the read replicas copy the rows
+// by CRAQ reads.
+func TestHotKeysGetReadReplicasChain(t *testing.T) { testHotKeys(t, shard.ReplicationChain) }
+
+func testHotKeys(t *testing.T, replication string) {
 	c := StartCluster(t, 5, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()
 	const bound = 100 * time.Millisecond
 	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, bound)
-	spec.HotThreshold, spec.HotReplicas = 50, 2
+	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, replication
 	if _, err := cl.CreateTable(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

@@ -136,9 +136,6 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	if *repl != shard.ReplicationRaft && *repl != shard.ReplicationChain {
 		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, shard.ReplicationRaft, shard.ReplicationChain))
 	}
-	if *repl == shard.ReplicationChain && *hotThreshold > 0 {
-		return fail(stderr, "table create", fmt.Errorf("--hot-threshold %v: hot keys are not available with --replication chain", *hotThreshold))
-	}
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "table create", err)

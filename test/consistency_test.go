@@ -169,62 +169,12 @@ func TestHotKeysGetReadReplicas(t *testing.T) { testHotKeys(t, shard.Replication
 func TestHotKeysGetReadReplicasChain(t *testing.T) { testHotKeys(t, shard.ReplicationChain) }
 
 func testHotKeys(t *testing.T, replication string) {
-	c := StartCluster(t, 5, FastRaft())
-	cl := c.Client()
+	c, cl := hotCluster(t, replication)
 	ctx := context.Background()
-	const bound = 100 * time.Millisecond
-	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, bound)
-	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, replication
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	hotKey := []uint64{42}
-	row := make([]float32, 4)
-	grad := []float32{1, 0, 0, 0}
-	pushes := 0
-	deadline := time.Now().Add(20 * time.Second)
-	var hot []*shardpb.HotShard
-	for time.Now().Before(deadline) && len(hot) == 0 {
-		for range 50 {
-			if err := cl.Pull(ctx, "hot", hotKey, row); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for i := range c.Len() {
-			hot = append(hot, c.Node(i).HotShards("hot")...)
-		}
-	}
-	if len(hot) != 1 || len(hot[0].Keys) != 1 || hot[0].Keys[0].Key != 42 {
-		t.Fatalf("hot sets %v, want key 42 alone", hot)
-	}
-	if len(hot[0].ReplicaIds) != 2 {
-		t.Fatalf("key 42 has read replicas %v, want 2", hot[0].ReplicaIds)
-	}
-	t.Logf("key 42 hot at %.0f pulls/s, read replicas %v", hot[0].Keys[0].Rate, hot[0].ReplicaIds)
+	hot, _ := waitHot(t, c, cl, "hot", 42, 2, -1)
 	// Read replicas serve it, and what they serve honours the bound.
-	deadline = time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := cl.Push(ctx, "hot", hotKey, grad); err != nil {
-			t.Fatal(err)
-		}
-		pushes++
-		time.Sleep(bound + bound/10)
-		for range 20 {
-			if err := cl.Pull(ctx, "hot", hotKey, row); err != nil {
-				t.Fatal(err)
-			}
-			if row[0] != float32(-pushes) {
-				t.Fatalf("after %d pushes acknowledged over %s ago a bounded pull read %v", pushes, bound, row[0])
-			}
-		}
-		if r, _ := served(c, "read-replica", "bounded"); r > 20 && pushes > 5 {
-			break
-		}
-	}
+	pushes := checkHotPulls(t, c, cl, 0)
 	r, refused := served(c, "read-replica", "bounded")
-	if r == 0 {
-		t.Fatal("no pull was served by a read replica")
-	}
 	t.Logf("read replicas served %d pulls (%d refused), %d pushes checked", r, refused, pushes)
 
 	// Hot keys off: the leader releases its read replicas at its next
@@ -232,7 +182,7 @@ func testHotKeys(t *testing.T, replication string) {
 	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "hot", SetHot: true}); err != nil {
 		t.Fatal(err)
 	}
-	shard := hot[0].Shard
+	shard := hot.Shard
 	released := time.Now().Add(3 * time.Second)
 	for {
 		holding := 0
@@ -248,6 +198,110 @@ func testHotKeys(t *testing.T, replication string) {
 			t.Fatalf("%d read replicas still hold hot rows 3 s after hot keys were turned off", holding)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// hotBound is the staleness bound of hotCluster's table.
+const hotBound = 100 * time.Millisecond
+
+// hotCluster starts 5 nodes and creates table "hot" on them: bounded by
+// hotBound, 2 shards of 3 replicas (so 2 nodes lie outside each replica
+// set), hot at 50 pulls/s with 2 read replicas, replicated as replication.
+func hotCluster(t *testing.T, replication string) (*Cluster, *shard.Client) {
+	c := StartCluster(t, 5, FastRaft())
+	cl := c.Client()
+	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, hotBound)
+	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, replication
+	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	return c, cl
+}
+
+// checkHotPulls pushes a gradient of -1 to key 42 of table "hot" (which
+// has had pushes so far), waits out the bound and pulls the key 20 times,
+// each of which must see every push; round after round until read replicas
+// have served 20 more bounded pulls than when it began, over at least 5
+// rounds. It fails the test after 15 s, and returns the pushes made in all.
+func checkHotPulls(t *testing.T, c *Cluster, cl *shard.Client, pushes int) int {
+	t.Helper()
+	ctx := context.Background()
+	key, row := []uint64{42}, make([]float32, 4)
+	before, _ := served(c, "read-replica", "bounded")
+	for round, deadline := 1, time.Now().Add(15*time.Second); ; round++ {
+		if err := cl.Push(ctx, "hot", key, []float32{1, 0, 0, 0}); err != nil {
+			t.Fatal(err)
+		}
+		pushes++
+		time.Sleep(hotBound + hotBound/10)
+		for range 20 {
+			if err := cl.Pull(ctx, "hot", key, row); err != nil {
+				t.Fatal(err)
+			}
+			if row[0] != float32(-pushes) {
+				t.Fatalf("after %d pushes acknowledged over %s ago a bounded pull read %v", pushes, hotBound, row[0])
+			}
+		}
+		r, _ := served(c, "read-replica", "bounded")
+		if r > before+20 && round >= 5 {
+			return pushes
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("read replicas served %d bounded pulls in 15 s", r-before)
+		}
+	}
+}
+
+// waitHot pulls key of table, 50 at a time, until one node's hot set of
+// the key's shard is that key alone with at least replicas read replicas;
+// it fails the test after 20 s. The node is not skip (-1: any). It returns
+// that hot set and the node's index.
+func waitHot(t *testing.T, c *Cluster, cl *shard.Client, table string, key uint64, replicas, skip int) (*shardpb.HotShard, int) {
+	t.Helper()
+	row := make([]float32, 4)
+	var last []*shardpb.HotShard
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		for range 50 {
+			if err := cl.Pull(context.Background(), table, []uint64{key}, row); err != nil {
+				t.Fatal(err)
+			}
+		}
+		last = nil
+		for i := range c.Len() {
+			n := c.Node(i)
+			if n == nil || i == skip {
+				continue
+			}
+			for _, hs := range n.HotShards(table) {
+				last = append(last, hs)
+				if len(hs.Keys) == 1 && hs.Keys[0].Key == key && len(hs.ReplicaIds) >= replicas {
+					t.Logf("key %d hot at %.0f pulls/s on %s's shard %d, read replicas %v", key, hs.Keys[0].Rate, c.ID(i), hs.Shard, hs.ReplicaIds)
+					return hs, i
+				}
+			}
+		}
+	}
+	t.Fatalf("hot sets %v after 20 s, want key %d alone with %d read replicas", last, key, replicas)
+	return nil, -1
+}
+
+// TestHotKeysAfterLeaderKill kills the node that decided a hot set (a
+// shard's Raft leader, a chain's head): the shard's next leader decides it
+// again and assigns read replicas, which take its assignment (a higher
+// term or epoch) and serve the hot key within the bound.
+func TestHotKeysAfterLeaderKill(t *testing.T) {
+	for _, replication := range []string{shard.ReplicationRaft, shard.ReplicationChain} {
+		t.Run(replication, func(t *testing.T) {
+			c, cl := hotCluster(t, replication)
+			_, decider := waitHot(t, c, cl, "hot", 42, 2, -1)
+			pushes := checkHotPulls(t, c, cl, 0)
+			c.Kill(decider)
+			t.Logf("killed %s", c.ID(decider))
+			// The repair may move a read replica into the replica set, which
+			// leaves one node outside it.
+			waitHot(t, c, cl, "hot", 42, 1, decider)
+			checkHotPulls(t, c, cl, pushes)
+		})
 	}
 }
 

@@ -256,24 +256,42 @@ func (n *Node) hotWindow() {
 // epoch (each only grows, and a table's replication never changes).
 // leader is the decider's address as this node knows it, "" when this node
 // holds no replica of the shard or knows of no leader.
+//
+// The term is read before the role: a change in between can then only
+// pair the role with an older term, which loses to the true leader's.
 func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, leader string) {
 	if g := n.Group(table, shard); g != nil {
+		term := g.Raft().CurrentTerm()
 		if g.IsLeader() {
-			return true, g.Raft().CurrentTerm(), n.cfg.Addr
+			return true, term, n.cfg.Addr
 		}
 		a, _ := g.Raft().LeaderWithID()
-		return false, g.Raft().CurrentTerm(), string(a)
+		return false, term, string(a)
 	}
-	if ch := n.Chain(table, shard); ch != nil {
-		if ch.Role() == replication.RoleHead {
-			return true, ch.Epoch(), n.cfg.Addr
-		}
-		if order := ch.Order(); len(order) > 0 {
-			return false, ch.Epoch(), order[0]
-		}
-		return false, ch.Epoch(), ""
+	ch := n.Chain(table, shard)
+	if ch == nil {
+		return false, 0, ""
 	}
-	return false, 0, ""
+	epoch := ch.Epoch()
+	role, order := ch.Role(), ch.Order()
+	if sm := n.metaFSM.shardMap(table, shard); sm != nil && sm.Epoch > epoch {
+		// A replica behind the map may believe itself head of an order
+		// that is gone (chainFor refuses its reads for that reason); the
+		// map's head decides.
+		if len(sm.Replicas) > 0 {
+			if nd := n.metaFSM.node(sm.Replicas[0]); nd != nil {
+				return false, epoch, nd.Addr
+			}
+		}
+		return false, epoch, ""
+	}
+	if role == replication.RoleHead {
+		return true, epoch, n.cfg.Addr
+	}
+	if len(order) > 0 {
+		return false, epoch, order[0]
+	}
+	return false, epoch, ""
 }
 
 // reportHot hands a window's counts to the shard's leader: directly if it

@@ -30,7 +30,8 @@ import (
 // make bench-consistency runs it once (-benchtime 1x); RAFTPS_BENCH_ONLY
 // (e.g. "1.3/10/bounded:100ms": Zipf, one push in N, level) runs one
 // configuration, for profiling; RAFTPS_BENCH_WORKERS sets the number of
-// closed-loop workers (default 16).
+// closed-loop workers (default 16); RAFTPS_BENCH_REPLICATION=chain makes
+// the table a chain table.
 func BenchmarkConsistencyLevels(b *testing.B) {
 	const (
 		rows    = 1 << 20
@@ -48,7 +49,8 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 		c := StartCluster(b, nodes, FastRaft())
 		ctx := context.Background()
 		admin := c.Client()
-		createLoaded(b, c, admin, &shardpb.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01"}, rows)
+		createLoaded(b, c, admin, &shardpb.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01",
+			Replication: os.Getenv("RAFTPS_BENCH_REPLICATION")}, rows)
 
 		type config struct {
 			name  string
@@ -115,7 +117,13 @@ func createLoaded(b *testing.B, c *Cluster, cl *shard.Client, spec *shardpb.Tabl
 	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
 		b.Fatal(err)
 	}
-	c.waitSettled(b, spec.Name, int(spec.Replicas), nil, 30*time.Second)
+	if spec.Replication == shard.ReplicationChain {
+		for s := range spec.Shards {
+			c.waitChain(spec.Name, s, 30*time.Second, "all members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == int(spec.Replicas) })
+		}
+	} else {
+		c.waitSettled(b, spec.Name, int(spec.Replicas), nil, 30*time.Second)
+	}
 	table, dim := spec.Name, int(spec.Dim)
 	start := time.Now()
 	const batch = 8192

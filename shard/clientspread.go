@@ -63,8 +63,7 @@ func (c *Client) hotShardsOf(spec *shardpb.TableSpec) map[uint32]*hotShardView {
 func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
 	rctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	shards := map[uint32]*hotShardView{}
-	versions := map[uint32]uint64{}
+	sets := hotSets{shards: map[uint32]*hotShardView{}, ranks: map[uint32][2]uint64{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, a := range addrs {
@@ -80,21 +79,34 @@ func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, hs := range resp.Shards {
-				if old, ok := shards[hs.Shard]; ok && old != nil && versions[hs.Shard] >= hs.Version {
-					continue // two nodes think they lead it: keep one
-				}
-				sv := &hotShardView{keys: make(map[uint64]bool, len(hs.Keys)), addrs: hs.ReplicaAddrs}
-				for _, k := range hs.Keys {
-					sv.keys[k.Key] = true
-				}
-				shards[hs.Shard], versions[hs.Shard] = sv, hs.Version
+				sets.add(hs)
 			}
 		})
 	}
 	wg.Wait()
 	c.mu.Lock()
-	v.shards, v.at, v.refreshing = shards, time.Now(), false
+	v.shards, v.at, v.refreshing = sets.shards, time.Now(), false
 	c.mu.Unlock()
+}
+
+// hotSets gathers the hot sets the nodes report, one per shard. When two
+// nodes both think they lead a shard (one cut off, or not told yet), it
+// keeps the later leader's: by term (or chain epoch), then by version,
+// which restarts at each leader.
+type hotSets struct {
+	shards map[uint32]*hotShardView
+	ranks  map[uint32][2]uint64 // term, version
+}
+
+func (h *hotSets) add(hs *shardpb.HotShard) {
+	if r, ok := h.ranks[hs.Shard]; ok && (r[0] > hs.Term || (r[0] == hs.Term && r[1] >= hs.Version)) {
+		return
+	}
+	sv := &hotShardView{keys: make(map[uint64]bool, len(hs.Keys)), addrs: hs.ReplicaAddrs}
+	for _, k := range hs.Keys {
+		sv.keys[k.Key] = true
+	}
+	h.shards[hs.Shard], h.ranks[hs.Shard] = sv, [2]uint64{hs.Term, hs.Version}
 }
 
 // spreadPart is one request of a spread pull: n keys of one shard, to one

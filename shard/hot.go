@@ -722,10 +722,11 @@ func (n *Node) hotShards(table string) []*shardpb.HotShard {
 		if (table != "" && l.table != table) || len(l.keys) == 0 {
 			continue
 		}
-		if leads, _, _ := n.hotLead(l.table, l.shard); !leads {
+		leads, term, _ := n.hotLead(l.table, l.shard)
+		if !leads {
 			continue
 		}
-		hs := &shardpb.HotShard{Table: l.table, Shard: l.shard, Version: l.version, Keys: l.keys}
+		hs := &shardpb.HotShard{Table: l.table, Shard: l.shard, Version: l.version, Keys: l.keys, Term: term}
 		for _, id := range l.replicas {
 			if node := n.metaFSM.node(id); node != nil {
 				hs.ReplicaIds, hs.ReplicaAddrs = append(hs.ReplicaIds, id), append(hs.ReplicaAddrs, node.Addr)

@@ -2444,8 +2444,11 @@ type HotShard struct {
 	Version uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	Keys    []*HotKey              `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
 	// The read replicas' node IDs and gRPC addresses.
-	ReplicaIds    []string `protobuf:"bytes,5,rep,name=replica_ids,json=replicaIds,proto3" json:"replica_ids,omitempty"`
-	ReplicaAddrs  []string `protobuf:"bytes,6,rep,name=replica_addrs,json=replicaAddrs,proto3" json:"replica_addrs,omitempty"`
+	ReplicaIds   []string `protobuf:"bytes,5,rep,name=replica_ids,json=replicaIds,proto3" json:"replica_ids,omitempty"`
+	ReplicaAddrs []string `protobuf:"bytes,6,rep,name=replica_addrs,json=replicaAddrs,proto3" json:"replica_addrs,omitempty"`
+	// The deciding leader's Raft term, or the chain's epoch: with version,
+	// it orders the hot sets of two nodes that both believe they lead.
+	Term          uint64 `protobuf:"varint,7,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2520,6 +2523,13 @@ func (x *HotShard) GetReplicaAddrs() []string {
 		return x.ReplicaAddrs
 	}
 	return nil
+}
+
+func (x *HotShard) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
 }
 
 type HotKey struct {
@@ -4329,7 +4339,7 @@ const file_raftps_proto_rawDesc = "" +
 	"\x0eHotKeysRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\">\n" +
 	"\x0fHotKeysResponse\x12+\n" +
-	"\x06shards\x18\x01 \x03(\v2\x13.raftps.v1.HotShardR\x06shards\"\xbd\x01\n" +
+	"\x06shards\x18\x01 \x03(\v2\x13.raftps.v1.HotShardR\x06shards\"\xd1\x01\n" +
 	"\bHotShard\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x18\n" +
@@ -4337,7 +4347,8 @@ const file_raftps_proto_rawDesc = "" +
 	"\x04keys\x18\x04 \x03(\v2\x11.raftps.v1.HotKeyR\x04keys\x12\x1f\n" +
 	"\vreplica_ids\x18\x05 \x03(\tR\n" +
 	"replicaIds\x12#\n" +
-	"\rreplica_addrs\x18\x06 \x03(\tR\freplicaAddrs\".\n" +
+	"\rreplica_addrs\x18\x06 \x03(\tR\freplicaAddrs\x12\x12\n" +
+	"\x04term\x18\a \x01(\x04R\x04term\".\n" +
 	"\x06HotKey\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\"\x90\x01\n" +

@@ -156,7 +156,7 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cc.duration, "duration", 2*time.Minute, "how long the workload runs")
 	fs.DurationVar(&cc.every, "every", 10*time.Second, "one fault this often, in turn from --faults")
 	fs.StringVar(&faults, "faults", "kill-leader,pause-leader", "comma-separated: "+strings.Join(chaosFaultKinds, ", "))
-	fs.StringVar(&tables, "tables", "chaos_lin,chaos_bnd", "tables to run the workload on; created if missing: a name containing \"bnd\" as bounded:100ms, \"evt\" as eventual, any other linearizable; one containing \"chn\" as a chain table (dim 2, SGD lr=1, zeros)")
+	fs.StringVar(&tables, "tables", "chaos_lin,chaos_bnd", "tables to run the workload on; created if missing: a name containing \"bnd\" as bounded:100ms, \"evt\" as eventual, any other linearizable; one containing \"chn\" as a chain table, one containing \"hot\" with hot keys at 5 pulls/s and 2 read replicas (dim 2, SGD lr=1, zeros)")
 	fs.IntVar(&cc.clients, "clients", 3, "workload clients per table")
 	fs.IntVar(&cc.keys, "keys", 32, "keys per table the workload touches")
 	fs.DurationVar(&cc.down, "down", 3*time.Second, "how long a killed, paused or cut-off node stays so before it is healed")
@@ -241,6 +241,12 @@ func chaosTableSpec(name string) *shardpb.TableSpec {
 	}
 	if strings.Contains(name, "chn") {
 		spec.Replication = shard.ReplicationChain
+	}
+	if strings.Contains(name, "hot") {
+		// Low enough that the workload's keys turn hot, so that read
+		// replicas (on clusters with nodes outside the replica sets) serve
+		// pulls whose staleness the checker then judges.
+		spec.HotThreshold, spec.HotReplicas = 5, 2
 	}
 	return spec
 }

@@ -57,7 +57,10 @@ func TestChaosTableSpec(t *testing.T) {
 	if s := chaosTableSpec("x_evt"); s.Consistency.String() != "CONSISTENCY_EVENTUAL" {
 		t.Errorf("eventual spec %v", s)
 	}
-	if s := chaosTableSpec("plain"); s.Consistency != 0 || s.Initializer != "zeros" {
+	if s := chaosTableSpec("plain"); s.Consistency != 0 || s.Initializer != "zeros" || s.HotThreshold != 0 {
 		t.Errorf("default spec %v", s)
+	}
+	if s := chaosTableSpec("chaos_chn_bnd_hot"); s.Replication != "chain" || s.StalenessBoundNs == 0 || s.HotThreshold <= 0 || s.HotReplicas == 0 {
+		t.Errorf("hot bounded chain spec %v", s)
 	}
 }

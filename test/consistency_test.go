@@ -305,6 +305,33 @@ func TestHotKeysAfterLeaderKill(t *testing.T) {
 	}
 }
 
+// TestHotKeysCutOffChainHead cuts a chain's head off from the other nodes.
+// A chain head holds no lease, and the cut-off node's map still names it
+// head, yet it must stop publishing the shard's hot set while the new head
+// takes over: it can confirm no epoch, so it serves no bounded pull, so
+// its counts fall and its hot set empties within two windows.
+func TestHotKeysCutOffChainHead(t *testing.T) {
+	c := StartClusterWith(t, 5, FastRaft(), func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
+	cl := c.Client()
+	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, hotBound)
+	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, shard.ReplicationChain
+	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	hs, head := waitHot(t, c, cl, "hot", 42, 2, -1)
+	if c.Index(c.ShardMap("hot", hs.Shard).Replicas[0]) != head {
+		t.Fatalf("%s decides the hot set of a chain headed by %s", c.ID(head), c.ShardMap("hot", hs.Shard).Replicas[0])
+	}
+	c.cutOff(head)
+	defer c.heal()
+	cut := time.Now()
+	c.waitFor(10*time.Second, c.ID(head)+" stops publishing the hot set", func() bool {
+		return len(c.Node(head).HotShards("hot")) == 0
+	})
+	t.Logf("%s stopped deciding %s after the cut", c.ID(head), time.Since(cut).Round(time.Millisecond))
+	waitHot(t, c, cl, "hot", 42, 1, head)
+}
+
 // TestCutOffReplicaRefusesBoundedReads kills two of a shard's three nodes,
 // so the survivor has no leader to renew its read lease with, and asks it
 // directly: a bounded read is refused once the bound has passed since its

@@ -343,7 +343,9 @@ type Transport struct {
 	group    string
 	consumer chan raft.RPC
 
-	hbMu      sync.RWMutex // guards heartbeat
+	// hbMu guards heartbeat, and is read-locked while a heartbeat is in
+	// the handler (see dispatch).
+	hbMu      sync.RWMutex
 	heartbeat func(raft.RPC)
 
 	// ctx is done once the transport is closed. The calls in flight end
@@ -373,7 +375,12 @@ func (t *Transport) EncodePeer(_ raft.ServerID, addr raft.ServerAddress) []byte 
 func (t *Transport) DecodePeer(b []byte) raft.ServerAddress                     { return raft.ServerAddress(b) }
 
 // Close removes the group from its Mux: its incoming RPCs are answered
-// NotFound and its calls fail with ErrTransportClosed.
+// NotFound and its calls fail with ErrTransportClosed. It returns once no
+// heartbeat is inside the heartbeat handler any more, and none enters it
+// after: raft's Shutdown does not wait for heartbeats, which the handler
+// processes on the caller's goroutine, and one still running when the
+// group closes its log store makes raft panic ("failed to save current
+// term: database not open").
 func (t *Transport) Close() error {
 	t.mux.mu.Lock()
 	if t.mux.groups[t.group] == t {
@@ -381,6 +388,9 @@ func (t *Transport) Close() error {
 	}
 	t.mux.mu.Unlock()
 	t.shut()
+	t.hbMu.Lock()
+	t.heartbeat = nil
+	t.hbMu.Unlock()
 	return nil
 }
 
@@ -797,14 +807,8 @@ func (t *Transport) dispatch(ctx context.Context, cmd any, data io.Reader) (any,
 	}
 	ch := make(chan raft.RPCResponse, 1)
 	rpc := raft.RPC{Command: cmd, Reader: data, RespChan: ch}
-	if ae, ok := cmd.(*raft.AppendEntriesRequest); ok && isHeartbeat(ae) {
-		t.hbMu.RLock()
-		hb := t.heartbeat
-		t.hbMu.RUnlock()
-		if hb != nil {
-			hb(rpc)
-			goto wait
-		}
+	if ae, ok := cmd.(*raft.AppendEntriesRequest); ok && isHeartbeat(ae) && t.handleHeartbeat(rpc) {
+		goto wait
 	}
 	select {
 	case t.consumer <- rpc:
@@ -825,6 +829,21 @@ wait:
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// handleHeartbeat hands rpc to the heartbeat handler, if there is one, and
+// says whether there was. The read lock is held while the handler runs, so
+// that Close, which takes the write lock, waits for it. The handler does
+// not block on raft's main loop (it answers on rpc's buffered channel), so
+// Close waits at most for one heartbeat's processing.
+func (t *Transport) handleHeartbeat(rpc raft.RPC) bool {
+	t.hbMu.RLock()
+	defer t.hbMu.RUnlock()
+	if t.heartbeat == nil {
+		return false
+	}
+	t.heartbeat(rpc)
+	return true
 }
 
 // isHeartbeat mirrors raft's NetworkTransport: a request with a term and a

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -496,4 +497,61 @@ func TestHeartbeatsCoalesce(t *testing.T) {
 		t.Fatalf("%d heartbeats took %d messages: none were coalesced", sent, msgs)
 	}
 	t.Logf("%d heartbeats in %d messages", sent, msgs)
+}
+
+// TestTransportCloseWaitsForHeartbeats: Close returns only once a heartbeat
+// already in the handler has left it, and no heartbeat enters after. raft's
+// Shutdown does not wait for heartbeats (they run on the transport's
+// goroutines), so without this a heartbeat could reach raft's stable store
+// after the group closed it, and raft panics ("failed to save current
+// term: database not open"; seen once in a full test run).
+func TestTransportCloseWaitsForHeartbeats(t *testing.T) {
+	m, err := NewMux(MuxConfig{LocalAddr: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tr, err := m.Transport("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	tr.SetHeartbeatHandler(func(rpc raft.RPC) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		rpc.Respond(&raft.AppendEntriesResponse{Term: 1, Success: true}, nil)
+	})
+	hb := func() (any, error) {
+		return tr.dispatch(context.Background(), &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte("peer")}, Term: 1}, nil)
+	}
+	first := make(chan error, 1)
+	go func() { _, err := hb(); first <- err }()
+	<-entered
+	closed := make(chan struct{})
+	go func() { tr.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a heartbeat was still in the handler")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return after the heartbeat left the handler")
+	}
+	// Its answer races with the closing (dispatch also waits on the
+	// transport's end): either is fine.
+	if err := <-first; err != nil && status.Code(err) != codes.NotFound {
+		t.Errorf("the heartbeat in flight: %v", err)
+	}
+	if _, err := hb(); status.Code(err) != codes.NotFound {
+		t.Errorf("heartbeat after Close: %v, want NotFound", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once (none after Close)", n)
+	}
 }

@@ -380,7 +380,7 @@ func (t *Transport) DecodePeer(b []byte) raft.ServerAddress                     
 // after: raft's Shutdown does not wait for heartbeats, which the handler
 // processes on the caller's goroutine, and one still running when the
 // group closes its log store makes raft panic ("failed to save current
-// term: database not open").
+// term: database not open"; hashicorp/raft#717, open upstream).
 func (t *Transport) Close() error {
 	t.mux.mu.Lock()
 	if t.mux.groups[t.group] == t {

@@ -318,6 +318,7 @@ func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *s
 		return nil, toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
+	s.n.countHot(spec, req.Shard, keys)
 	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: ix, ServedBy: roleNames[role]}, nil
 }
 

@@ -677,7 +677,7 @@ func (c *Client) PullOpts(ctx context.Context, table string, keys []uint64, out 
 	}
 	// A chain serves linearizable pulls at any member (CRAQ): spread them.
 	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || isChain(spec) || testBreak == breakFollowerLinearizable {
-		return c.pullSpread(ctx, spec, keys, out, o)
+		return c.pullSpread(ctx, spec, keys, out, o, level)
 	}
 	sp := splitKeys(keys, spec.Shards)
 	parts := make([]*shardpb.PullRequest, spec.Shards)

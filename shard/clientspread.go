@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -21,8 +20,9 @@ type hotView struct {
 }
 
 type hotShardView struct {
-	keys  map[uint64]bool
-	addrs []string // read replicas
+	keys          map[uint64]bool
+	addrs         []string // read replicas
+	term, version uint64   // of the leader that decided it
 }
 
 // hotShardsOf returns the client's view of table's hot sets, and starts a
@@ -63,7 +63,7 @@ func (c *Client) hotShardsOf(spec *shardpb.TableSpec) map[uint32]*hotShardView {
 func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
 	rctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	sets := hotSets{shards: map[uint32]*hotShardView{}, ranks: map[uint32][2]uint64{}}
+	shards := map[uint32]*hotShardView{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, a := range addrs {
@@ -79,34 +79,29 @@ func (c *Client) fetchHot(table string, v *hotView, addrs []string) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, hs := range resp.Shards {
-				sets.add(hs)
+				addHotShard(shards, hs)
 			}
 		})
 	}
 	wg.Wait()
 	c.mu.Lock()
-	v.shards, v.at, v.refreshing = sets.shards, time.Now(), false
+	v.shards, v.at, v.refreshing = shards, time.Now(), false
 	c.mu.Unlock()
 }
 
-// hotSets gathers the hot sets the nodes report, one per shard. When two
-// nodes both think they lead a shard (one cut off, or not told yet), it
-// keeps the later leader's: by term (or chain epoch), then by version,
-// which restarts at each leader.
-type hotSets struct {
-	shards map[uint32]*hotShardView
-	ranks  map[uint32][2]uint64 // term, version
-}
-
-func (h *hotSets) add(hs *shardpb.HotShard) {
-	if r, ok := h.ranks[hs.Shard]; ok && (r[0] > hs.Term || (r[0] == hs.Term && r[1] >= hs.Version)) {
+// addHotShard adds a hot set a node reported to shards, one per shard.
+// When two nodes both think they lead a shard (one cut off, or not told
+// yet), it keeps the later leader's: by term (or chain epoch), then by
+// version, which restarts at each leader.
+func addHotShard(shards map[uint32]*hotShardView, hs *shardpb.HotShard) {
+	if old, ok := shards[hs.Shard]; ok && (old.term > hs.Term || (old.term == hs.Term && old.version >= hs.Version)) {
 		return
 	}
-	sv := &hotShardView{keys: make(map[uint64]bool, len(hs.Keys)), addrs: hs.ReplicaAddrs}
+	sv := &hotShardView{keys: make(map[uint64]bool, len(hs.Keys)), addrs: hs.ReplicaAddrs, term: hs.Term, version: hs.Version}
 	for _, k := range hs.Keys {
 		sv.keys[k.Key] = true
 	}
-	h.shards[hs.Shard], h.ranks[hs.Shard] = sv, [2]uint64{hs.Term, hs.Version}
+	shards[hs.Shard] = sv
 }
 
 // spreadPart is one request of a spread pull: n keys of one shard, to one
@@ -120,8 +115,9 @@ type spreadPart struct {
 	req   *shardpb.PullRequest
 }
 
-// pullSpread is PullOpts for the bounded and eventual levels.
-func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys []uint64, out []float32, o PullOptions) error {
+// pullSpread is PullOpts for the bounded and eventual levels, and for
+// linearizable pulls of chain tables; level is o's, or the table's.
+func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys []uint64, out []float32, o PullOptions, level shardpb.Consistency) error {
 	table, dim := spec.Name, int(spec.Dim)
 	rowBytes := dim * 4
 	sp := splitKeys(keys, spec.Shards)
@@ -133,7 +129,7 @@ func (c *Client) pullSpread(ctx context.Context, spec *shardpb.TableSpec, keys [
 		c.mu.Unlock()
 	}
 	var hot map[uint32]*hotShardView
-	if cmp.Or(o.Level, spec.Consistency) != shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
+	if level != shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
 		// Read replicas serve no linearizable pull (of a chain table,
 		// spread over its members); they would send every one back.
 		hot = c.hotShardsOf(spec)

@@ -642,27 +642,36 @@ func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*sh
 	if len(keys) > MaxHotKeys {
 		return nil, toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", ErrBadRequest, len(keys), MaxHotKeys))
 	}
-	g := s.n.Group(req.Table, req.Shard)
 	spec := s.n.metaFSM.table(req.Table)
-	if spec == nil || (g == nil && !isChain(spec)) {
+	if spec == nil {
 		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
-	if isChain(spec) {
-		ch, err := s.n.chainFor(spec, req.Shard, 0)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		ix, err := s.n.chainRead(ctx, ch, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: ix}, nil
-	}
-	if err := g.Pull(ctx, keys, out, true); err != nil {
+	ix, err := s.n.readHotRows(ctx, spec, req.Shard, keys, out)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex()}, nil
+	return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: ix}, nil
+}
+
+// readHotRows is a linearizable read of keys' rows from this node's replica
+// of the shard: through its Raft group, or by CRAQ from its chain member.
+func (n *Node) readHotRows(ctx context.Context, spec *shardpb.TableSpec, shard uint32, keys []uint64, out []float32) (uint64, error) {
+	if isChain(spec) {
+		ch, err := n.chainFor(spec, shard, 0)
+		if err != nil {
+			return 0, err
+		}
+		return n.chainRead(ctx, ch, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
+	}
+	g := n.Group(spec.Name, shard)
+	if g == nil {
+		return 0, fmt.Errorf("group %s: %w: no replica on node %s", groupID(spec.Name, shard), ErrNotReplica, n.cfg.ID)
+	}
+	if err := g.Pull(ctx, keys, out, true); err != nil {
+		return 0, err
+	}
+	return g.AppliedIndex(), nil
 }
 
 // serveHot serves a pull from this node's hot rows of the shard, if it

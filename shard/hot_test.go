@@ -81,11 +81,11 @@ func TestHotSetsKeepTheLaterLeader(t *testing.T) {
 	fresh := &shardpb.HotShard{Shard: 3, Term: 5, Version: 1, Keys: []*shardpb.HotKey{{Key: 2}}, ReplicaAddrs: []string{"new"}}
 	newer := &shardpb.HotShard{Shard: 3, Term: 5, Version: 2, Keys: []*shardpb.HotKey{{Key: 7}}, ReplicaAddrs: []string{"newer"}}
 	for _, order := range [][]*shardpb.HotShard{{stale, fresh, newer}, {newer, fresh, stale}, {fresh, newer, stale}} {
-		h := hotSets{shards: map[uint32]*hotShardView{}, ranks: map[uint32][2]uint64{}}
+		shards := map[uint32]*hotShardView{}
 		for _, hs := range order {
-			h.add(hs)
+			addHotShard(shards, hs)
 		}
-		if got := h.shards[3]; len(got.addrs) != 1 || got.addrs[0] != "newer" || !got.keys[7] || len(got.keys) != 1 {
+		if got := shards[3]; len(got.addrs) != 1 || got.addrs[0] != "newer" || !got.keys[7] || len(got.keys) != 1 {
 			t.Errorf("order term/version %v: kept %v %v, want the term-5 version-2 set", ranksOf(order), got.addrs, got.keys)
 		}
 	}

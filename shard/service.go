@@ -240,11 +240,7 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		}
 	}
 	if isChain(spec) {
-		resp, err := s.chainPull(ctx, spec, req, keys, level, bound)
-		if err == nil {
-			s.n.countHot(spec, req.Shard, keys)
-		}
-		return resp, err
+		return s.chainPull(ctx, spec, req, keys, level, bound)
 	}
 	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
 	if err != nil {

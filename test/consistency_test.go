@@ -169,7 +169,7 @@ func TestHotKeysGetReadReplicas(t *testing.T) { testHotKeys(t, shard.Replication
 func TestHotKeysGetReadReplicasChain(t *testing.T) { testHotKeys(t, shard.ReplicationChain) }
 
 func testHotKeys(t *testing.T, replication string) {
-	c, cl := hotCluster(t, replication)
+	c, cl := hotCluster(t, replication, nil)
 	ctx := context.Background()
 	hot, _ := waitHot(t, c, cl, "hot", 42, 2, -1)
 	// Read replicas serve it, and what they serve honours the bound.
@@ -204,11 +204,12 @@ func testHotKeys(t *testing.T, replication string) {
 // hotBound is the staleness bound of hotCluster's table.
 const hotBound = 100 * time.Millisecond
 
-// hotCluster starts 5 nodes and creates table "hot" on them: bounded by
-// hotBound, 2 shards of 3 replicas (so 2 nodes lie outside each replica
-// set), hot at 50 pulls/s with 2 read replicas, replicated as replication.
-func hotCluster(t *testing.T, replication string) (*Cluster, *shard.Client) {
-	c := StartCluster(t, 5, FastRaft())
+// hotCluster starts 5 nodes (their configs passed through tune, if not
+// nil) and creates table "hot" on them: bounded by hotBound, 2 shards of 3
+// replicas (so 2 nodes lie outside each replica set), hot at 50 pulls/s
+// with 2 read replicas, replicated as replication.
+func hotCluster(t *testing.T, replication string, tune func(*shard.NodeConfig)) (*Cluster, *shard.Client) {
+	c := StartClusterWith(t, 5, FastRaft(), tune)
 	cl := c.Client()
 	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, hotBound)
 	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, replication
@@ -292,7 +293,7 @@ func waitHot(t *testing.T, c *Cluster, cl *shard.Client, table string, key uint6
 func TestHotKeysAfterLeaderKill(t *testing.T) {
 	for _, replication := range []string{shard.ReplicationRaft, shard.ReplicationChain} {
 		t.Run(replication, func(t *testing.T) {
-			c, cl := hotCluster(t, replication)
+			c, cl := hotCluster(t, replication, nil)
 			_, decider := waitHot(t, c, cl, "hot", 42, 2, -1)
 			pushes := checkHotPulls(t, c, cl, 0)
 			c.Kill(decider)
@@ -311,13 +312,7 @@ func TestHotKeysAfterLeaderKill(t *testing.T) {
 // takes over: it can confirm no epoch, so it serves no bounded pull, so
 // its counts fall and its hot set empties within two windows.
 func TestHotKeysCutOffChainHead(t *testing.T) {
-	c := StartClusterWith(t, 5, FastRaft(), func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
-	cl := c.Client()
-	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, hotBound)
-	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, shard.ReplicationChain
-	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
-		t.Fatal(err)
-	}
+	c, cl := hotCluster(t, shard.ReplicationChain, func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
 	hs, head := waitHot(t, c, cl, "hot", 42, 2, -1)
 	if c.Index(c.ShardMap("hot", hs.Shard).Replicas[0]) != head {
 		t.Fatalf("%s decides the hot set of a chain headed by %s", c.ID(head), c.ShardMap("hot", hs.Shard).Replicas[0])

@@ -3,10 +3,12 @@ package replication
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"unsafe"
 )
 
-// A Raft log entry of a shard group is one command. The first byte says which:
+// A log entry of a shard replica is one command (a chain entry's, after the
+// entry's epoch). The first byte says which:
 //
 //	push batch: cmdPush | leader time i64 (unix ns) | count uvarint | count × push
 //	push:       client u64 | seq u64 | keys u32 | keys × u64 | keys × dim × f32
@@ -50,8 +52,8 @@ func appendPush(b []byte, p *Push) []byte {
 	b = binary.LittleEndian.AppendUint64(b, p.Client)
 	b = binary.LittleEndian.AppendUint64(b, p.Seq)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(p.Keys)))
-	b = append(b, u64Bytes(p.Keys)...)
-	return append(b, f32Bytes(p.Grads)...)
+	b = append(b, KeysBytes(p.Keys)...)
+	return append(b, ValuesBytes(p.Grads)...)
 }
 
 // encodePushBatch returns the command for pushes.
@@ -87,32 +89,64 @@ func (r *pushBatchReader) reset(cmd []byte, dim int) error {
 	return nil
 }
 
-// next returns the next push, or nil at the end.
-func (r *pushBatchReader) next() (*Push, error) {
+// span checks that the next push is whole and returns its key count and
+// encoded size; ok is false at the end.
+func (r *pushBatchReader) span() (n, size int, ok bool, err error) {
 	if r.left == 0 {
 		if len(r.rest) != 0 {
-			return nil, fmt.Errorf("push batch: %d bytes after the last push", len(r.rest))
+			return 0, 0, false, fmt.Errorf("push batch: %d bytes after the last push", len(r.rest))
 		}
-		return nil, nil
+		return 0, 0, false, nil
 	}
 	if len(r.rest) < 20 {
-		return nil, fmt.Errorf("push batch: truncated push header")
+		return 0, 0, false, fmt.Errorf("push batch: truncated push header")
+	}
+	n = int(binary.LittleEndian.Uint32(r.rest[16:]))
+	size = 20 + n*8 + n*r.dim*4
+	if n < 0 || size < 0 || len(r.rest) < size {
+		return 0, 0, false, fmt.Errorf("push batch: push of %d keys truncated", n)
+	}
+	return n, size, true, nil
+}
+
+// next returns the next push, or nil at the end.
+func (r *pushBatchReader) next() (*Push, error) {
+	n, need, ok, err := r.span()
+	if !ok {
+		return nil, err
 	}
 	p := &r.cur
 	p.Client = binary.LittleEndian.Uint64(r.rest)
 	p.Seq = binary.LittleEndian.Uint64(r.rest[8:])
-	n := int(binary.LittleEndian.Uint32(r.rest[16:]))
-	need := 20 + n*8 + n*r.dim*4
-	if n < 0 || need < 0 || len(r.rest) < need {
-		return nil, fmt.Errorf("push batch: push of %d keys truncated", n)
-	}
 	p.Keys = growU64(p.Keys, n)
 	p.Grads = growF32(p.Grads, n*r.dim)
-	copy(u64Bytes(p.Keys), r.rest[20:20+n*8])
-	copy(f32Bytes(p.Grads), r.rest[20+n*8:need])
+	copy(KeysBytes(p.Keys), r.rest[20:20+n*8])
+	copy(ValuesBytes(p.Grads), r.rest[20+n*8:need])
 	r.rest = r.rest[need:]
 	r.left--
 	return p, nil
+}
+
+// PushedKeys appends to dst the keys of every push in cmd, a command of a
+// table of dimension dim, in order and with repeats: nothing for a command
+// that is not a push batch, and, of a batch that does not decode whole, the
+// keys of the pushes before the first bad one.
+func PushedKeys(dst []uint64, cmd []byte, dim int) []uint64 {
+	var r pushBatchReader
+	if r.reset(cmd, dim) != nil {
+		return dst
+	}
+	for {
+		n, size, ok, _ := r.span()
+		if !ok {
+			return dst
+		}
+		k := len(dst)
+		dst = slices.Grow(dst, n)[:k+n]
+		copy(KeysBytes(dst[k:]), r.rest[20:20+n*8])
+		r.rest = r.rest[size:]
+		r.left--
+	}
 }
 
 func growU64(b []uint64, n int) []uint64 {
@@ -129,16 +163,18 @@ func growF32(b []float32, n int) []float32 {
 	return b[:n]
 }
 
-// u64Bytes and f32Bytes view a slice's memory as bytes. The wire format is
-// little-endian; so is every platform raftps builds for (checked in init).
-func u64Bytes(v []uint64) []byte {
+// KeysBytes and ValuesBytes view a slice's memory as bytes, without a copy:
+// how commands, and chain replication's messages, carry keys and values.
+// The wire format is little-endian; so is every platform raftps builds for
+// (checked in init).
+func KeysBytes(v []uint64) []byte {
 	if len(v) == 0 {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*8)
 }
 
-func f32Bytes(v []float32) []byte {
+func ValuesBytes(v []float32) []byte {
 	if len(v) == 0 {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/internal/reptest"
 )
 
 // expediteCluster is one shard group per name on the same three Mux nodes,
@@ -42,7 +43,7 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 			g, err := OpenGroup(GroupConfig{RaftConfig: RaftConfig{ID: name, NodeID: raft.ServerID(n.addr),
 				Dir: filepath.Join(t.TempDir(), name), Transport: tr, Peers: peers,
 				HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond},
-				Table: sgdTable("t", 2)})
+				Table: reptest.SGDTable("t", 2)})
 			if err != nil {
 				t.Fatal(err)
 			}

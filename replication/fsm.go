@@ -15,16 +15,21 @@ import (
 	"github.com/raftps/raftps/store"
 )
 
-// fsm is the raft.FSM of one shard replica: a store.Table plus the dedupe
-// record of applied (client, seq) pairs.
+// FSM is the replicated state of one shard replica: a store.Table plus the
+// dedupe record of applied (client, seq) pairs, and the index of the last
+// log entry applied. Raft groups and chain replicas share it: a Group hands
+// it to raft (through raftFSM, which makes it a raft.BatchingFSM); a chain
+// replica calls ApplyCommand itself, in its log's order.
 //
-// Concurrency, following raft's contract: ApplyBatch, Apply, Snapshot and
-// Restore are called from raft's FSM goroutine one at a time, and only they
-// touch dd and reader. FSMSnapshot.Persist runs on another goroutine
-// concurrently with later applies; the store's copy-on-write snapshot makes
-// that safe. Readers (Lookup, waitApplied) run on any goroutine: they reach the
-// table through an atomic pointer, swapped by Restore.
-type fsm struct {
+// Concurrency: ApplyCommand, SetApplied, Snapshot and Restore change or
+// capture the replicated state and must be called one at a time, never
+// concurrently with each other (raft calls them from its FSM goroutine; a
+// chain replica under its own lock); only they touch dd and reader.
+// Snapshot.WriteTo runs on any goroutine concurrently with later applies:
+// the store's copy-on-write snapshot makes that safe. Table, AppliedIndex
+// and waitApplied run on any goroutine: they reach the table through an
+// atomic pointer, swapped by Restore.
+type FSM struct {
 	group string
 	cfg   store.TableConfig
 	table atomic.Pointer[store.Table]
@@ -43,54 +48,60 @@ type pushOutcome struct {
 	duplicate bool  // it had been applied before
 }
 
-// batchResult is what ApplyBatch returns for a push batch log entry.
-type batchResult struct {
+// ApplyResult is what applying one command did: each push's outcome, in the
+// command's order, for Batch.Answer.
+type ApplyResult struct {
 	outcomes []pushOutcome
 	err      error // the entry itself could not be decoded
 }
 
-func newFSM(group string, cfg store.TableConfig, dedupeTTL time.Duration) (*fsm, error) {
+// Err reports that the command did not decode whole (or is of no known
+// type). The pushes before the undecodable one were applied, alike on every
+// replica: it is a bad entry, not a divergence.
+func (r *ApplyResult) Err() error { return r.err }
+
+// NewFSM returns the empty state of a replica of a shard of the table cfg;
+// group names it in errors. Dedupe windows idle for longer than dedupeTTL
+// (in leader time) expire.
+func NewFSM(group string, cfg store.TableConfig, dedupeTTL time.Duration) (*FSM, error) {
 	t, err := store.NewTable(cfg)
 	if err != nil {
 		return nil, err
 	}
-	f := &fsm{group: group, cfg: cfg, dd: newDedupe(dedupeTTL)}
+	f := &FSM{group: group, cfg: cfg, dd: newDedupe(dedupeTTL)}
 	f.table.Store(t)
 	ch := make(chan struct{})
 	f.notify.Store(&ch)
 	return f, nil
 }
 
-func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+// Table returns the table the replica serves (Restore replaces it).
+func (f *FSM) Table() *store.Table { return f.table.Load() }
 
-func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
-	out := make([]any, len(logs))
-	for i, l := range logs {
-		if l.Type == raft.LogCommand {
-			out[i] = f.applyCommand(l.Data)
-		}
-	}
-	if len(logs) > 0 {
-		f.setApplied(logs[len(logs)-1].Index)
-	}
-	return out
-}
+// AppliedIndex returns the index last given to SetApplied (or restored).
+func (f *FSM) AppliedIndex() uint64 { return f.appliedIx.Load() }
 
-func (f *fsm) applyCommand(cmd []byte) *batchResult {
+// ApplyCommand applies one command (a log entry's payload: see command.go):
+// each push of a push batch through store, skipping any (client, seq) the
+// dedupe record holds, in order. Its result is the same on every replica
+// that applies the same commands in the same order. It does not advance
+// the applied index: SetApplied does, once the entry (or a run of them) is
+// applied.
+func (f *FSM) ApplyCommand(cmd []byte) *ApplyResult {
 	if len(cmd) == 1 && cmd[0] == cmdNoop {
-		return &batchResult{}
+		return &ApplyResult{}
 	}
 	if len(cmd) == 0 || cmd[0] != cmdPush {
-		return &batchResult{err: fmt.Errorf("group %s: unknown command type", f.group)}
+		return &ApplyResult{err: fmt.Errorf("group %s: unknown command type", f.group)}
 	}
 	r := &f.reader
 	if err := r.reset(cmd, f.cfg.Dim); err != nil {
-		return &batchResult{err: fmt.Errorf("group %s: %w", f.group, err)}
+		return &ApplyResult{err: fmt.Errorf("group %s: %w", f.group, err)}
 	}
 	now := r.leaderTime
 	f.lastTime = max(f.lastTime, now)
 	t := f.table.Load()
-	res := &batchResult{outcomes: make([]pushOutcome, 0, r.left)}
+	res := &ApplyResult{outcomes: make([]pushOutcome, 0, r.left)}
 	for {
 		p, err := r.next()
 		if err != nil {
@@ -122,7 +133,9 @@ func (f *fsm) applyCommand(cmd []byte) *batchResult {
 	return res
 }
 
-func (f *fsm) setApplied(ix uint64) {
+// SetApplied records that every entry up to ix is applied, and wakes
+// waitApplied.
+func (f *FSM) SetApplied(ix uint64) {
 	f.appliedIx.Store(ix)
 	ch := make(chan struct{})
 	old := f.notify.Swap(&ch)
@@ -130,7 +143,7 @@ func (f *fsm) setApplied(ix uint64) {
 }
 
 // waitApplied returns once the FSM has applied index ix.
-func (f *fsm) waitApplied(ctx context.Context, ix uint64) error {
+func (f *FSM) waitApplied(ctx context.Context, ix uint64) error {
 	for {
 		ch := *f.notify.Load()
 		if f.appliedIx.Load() >= ix {
@@ -151,40 +164,48 @@ const fsmMagic = "RPSFSM01"
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-type fsmSnapshot struct {
+// Snapshot is a point-in-time copy of an FSM's state; Release it when done.
+type Snapshot struct {
 	head []byte
 	snap *store.Snapshot
 }
 
-func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+// Snapshot captures the state: O(1) for the table (copy-on-write) plus a
+// copy of the dedupe record.
+func (f *FSM) Snapshot() *Snapshot {
 	head := append([]byte(fsmMagic), make([]byte, 12)...)
 	binary.LittleEndian.PutUint64(head[8:], f.appliedIx.Load())
 	dd := f.dd.appendTo(nil)
 	binary.LittleEndian.PutUint32(head[16:], uint32(len(dd)))
 	head = append(head, dd...)
 	head = binary.LittleEndian.AppendUint32(head, crc32.Checksum(head, castagnoli))
-	return &fsmSnapshot{head: head, snap: f.table.Load().Snapshot()}, nil
+	return &Snapshot{head: head, snap: f.table.Load().Snapshot()}
 }
 
-func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	w := bufio.NewWriterSize(sink, 1<<20)
-	_, err := w.Write(s.head)
+// WriteTo writes the snapshot stream, which Restore reads, to w in writes of
+// up to 1 MiB.
+func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	k, err := bw.Write(s.head)
+	n := int64(k)
 	if err == nil {
-		_, err = s.snap.WriteTo(w)
+		var m int64
+		m, err = s.snap.WriteTo(bw)
+		n += m
 	}
 	if err == nil {
-		err = w.Flush()
+		err = bw.Flush()
 	}
-	if err != nil {
-		_ = sink.Cancel()
-		return fmt.Errorf("persisting snapshot: %w", err)
-	}
-	return sink.Close()
+	return n, err
 }
 
-func (s *fsmSnapshot) Release() { s.snap.Release() }
+// Release frees the table's snapshot.
+func (s *Snapshot) Release() { s.snap.Release() }
 
-func (f *fsm) Restore(rc io.ReadCloser) error {
+// Restore replaces the state with the snapshot stream rc holds (which it
+// closes). A corrupt snapshot, or one of another table, is refused and
+// changes nothing.
+func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	br := bufio.NewReaderSize(rc, 1<<20)
 	head := make([]byte, 20)
@@ -219,6 +240,39 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.table.Store(t)
 	f.dd = dd
-	f.setApplied(ix)
+	f.SetApplied(ix)
 	return nil
+}
+
+// raftFSM is an FSM as raft.FSM: a Raft group's log entries are commands.
+type raftFSM struct{ *FSM }
+
+var _ raft.BatchingFSM = raftFSM{}
+
+func (f raftFSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+func (f raftFSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	for i, l := range logs {
+		if l.Type == raft.LogCommand {
+			out[i] = f.ApplyCommand(l.Data)
+		}
+	}
+	if len(logs) > 0 {
+		f.SetApplied(logs[len(logs)-1].Index)
+	}
+	return out
+}
+
+func (f raftFSM) Snapshot() (raft.FSMSnapshot, error) { return raftSnapshot{f.FSM.Snapshot()}, nil }
+
+// raftSnapshot is a Snapshot as raft.FSMSnapshot.
+type raftSnapshot struct{ *Snapshot }
+
+func (s raftSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := s.WriteTo(sink); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persisting snapshot: %w", err)
+	}
+	return sink.Close()
 }

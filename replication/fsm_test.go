@@ -6,16 +6,14 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/internal/reptest"
 	"github.com/raftps/raftps/store"
 )
-
-func sgdTable(name string, dim int) store.TableConfig {
-	return store.TableConfig{Name: name, Dim: dim, Optimizer: store.Optimizer{Kind: store.SGD, LR: 1}}
-}
 
 func TestPushBatchRoundTrip(t *testing.T) {
 	pushes := []*Push{
@@ -42,6 +40,13 @@ func TestPushBatchRoundTrip(t *testing.T) {
 	if p, err := r.next(); p != nil || err != nil {
 		t.Fatalf("after last: %v %v", p, err)
 	}
+	// PushedKeys lists the keys of every push, and of a noop none.
+	if got := PushedKeys([]uint64{9}, cmd, 2); !reflect.DeepEqual(got, []uint64{9, 1, 2, math.MaxUint64}) {
+		t.Fatalf("PushedKeys = %v", got)
+	}
+	if got := PushedKeys(nil, []byte{cmdNoop}, 2); len(got) != 0 {
+		t.Fatalf("PushedKeys of a noop = %v", got)
+	}
 	// Every truncation is an error, never a panic or a short push.
 	for n := range len(cmd) {
 		if r.reset(cmd[:n], 2) != nil {
@@ -52,6 +57,10 @@ func TestPushBatchRoundTrip(t *testing.T) {
 			if p, err = r.next(); p == nil && err == nil {
 				t.Fatalf("truncated to %d of %d bytes: read to the end without error", n, len(cmd))
 			}
+		}
+		// PushedKeys keeps the keys of the whole pushes before the cut.
+		if got := PushedKeys(nil, cmd[:n], 2); len(got) > 2 || !slices.Equal(got, []uint64{1, 2}[:len(got)]) {
+			t.Fatalf("PushedKeys of %d of %d bytes = %v", n, len(cmd), got)
 		}
 	}
 }
@@ -118,10 +127,10 @@ func TestDedupeWindow(t *testing.T) {
 	}
 }
 
-func applyCmd(t *testing.T, f *fsm, ix uint64, pushes ...*Push) *batchResult {
+func applyCmd(t *testing.T, f *FSM, ix uint64, pushes ...*Push) *ApplyResult {
 	t.Helper()
-	res := f.Apply(&raft.Log{Index: ix, Type: raft.LogCommand, Data: encodePushBatch(int64(ix), pushes)})
-	br, ok := res.(*batchResult)
+	res := raftFSM{f}.Apply(&raft.Log{Index: ix, Type: raft.LogCommand, Data: encodePushBatch(int64(ix), pushes)})
+	br, ok := res.(*ApplyResult)
 	if !ok || br.err != nil {
 		t.Fatalf("apply %d: %#v", ix, res)
 	}
@@ -129,7 +138,7 @@ func applyCmd(t *testing.T, f *fsm, ix uint64, pushes ...*Push) *batchResult {
 }
 
 func TestFSMAppliesOnceAndIsolatesBadPushes(t *testing.T) {
-	f, err := newFSM("g", sgdTable("t", 2), time.Hour)
+	f, err := NewFSM("g", reptest.SGDTable("t", 2), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,11 +182,11 @@ func (s *memSink) Cancel() error { s.canceled = true; return nil }
 func (s *memSink) Close() error  { return nil }
 
 func TestFSMSnapshotRestoreKeepsDedupe(t *testing.T) {
-	f, _ := newFSM("g", sgdTable("t", 3), time.Hour)
+	f, _ := NewFSM("g", reptest.SGDTable("t", 3), time.Hour)
 	for i := uint64(1); i <= 50; i++ {
 		applyCmd(t, f, i, &Push{Client: i%4 + 1, Seq: i, Keys: []uint64{i % 7, i % 5}, Grads: []float32{1, 2, 3, 4, 5, 6}})
 	}
-	snap, err := f.Snapshot()
+	snap, err := raftFSM{f}.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +198,7 @@ func TestFSMSnapshotRestoreKeepsDedupe(t *testing.T) {
 	}
 	snap.Release()
 
-	g, _ := newFSM("g", sgdTable("t", 3), time.Hour)
+	g, _ := NewFSM("g", reptest.SGDTable("t", 3), time.Hour)
 	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +221,7 @@ func TestFSMSnapshotRestoreKeepsDedupe(t *testing.T) {
 	if err := g.Restore(io.NopCloser(bytes.NewReader(bad))); !errors.Is(err, store.ErrCorruptSnapshot) {
 		t.Fatalf("corrupt snapshot: %v", err)
 	}
-	other, _ := newFSM("g", sgdTable("t", 4), time.Hour)
+	other, _ := NewFSM("g", reptest.SGDTable("t", 4), time.Hour)
 	if err := other.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); !errors.Is(err, store.ErrConfigMismatch) {
 		t.Fatalf("snapshot of another table: %v", err)
 	}

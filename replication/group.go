@@ -317,10 +317,8 @@ type Group struct {
 	who     string // "group ID", for errors
 	replica *RaftReplica
 	raft    *raft.Raft
-	fsm     *fsm
-
-	pushCh   chan *pending
-	inflight chan struct{} // a token per uncommitted entry
+	fsm     *FSM
+	batcher *Batcher
 
 	// readyTerm is the term in which this replica, as leader, has applied
 	// everything committed before its term (a Barrier completed); 0 if none.
@@ -335,12 +333,6 @@ type Group struct {
 	wg        sync.WaitGroup
 }
 
-// pending is a push waiting to be logged: its encoding, and where to answer.
-type pending struct {
-	enc  []byte
-	done chan pushOutcome
-}
-
 // OpenGroup starts a replica. If Dir holds Raft state the replica resumes
 // from it (restoring the latest snapshot and replaying the log); otherwise, if
 // Peers is set, it bootstraps a new group with them.
@@ -349,21 +341,20 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	f, err := newFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
+	f, err := NewFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
 	}
-	rep, err := OpenRaft(cfg.RaftConfig, f)
+	rep, err := OpenRaft(cfg.RaftConfig, raftFSM{f})
 	if err != nil {
 		return nil, err
 	}
 	g := &Group{
 		cfg: cfg, who: "group " + cfg.ID, replica: rep, raft: rep.Raft, fsm: f,
-		pushCh:     make(chan *pending, 4096),
-		inflight:   make(chan struct{}, cfg.MaxInflight),
 		verifyKick: make(chan struct{}, 1),
 		closed:     make(chan struct{}),
 	}
+	g.batcher = NewBatcher(BatcherConfig{Who: g.who, MaxEntryBytes: cfg.MaxEntryBytes, MaxInflight: cfg.MaxInflight, Closed: g.closed})
 	g.wg.Add(3)
 	go g.watchLeadership()
 	go g.batchLoop()
@@ -382,10 +373,10 @@ func (g *Group) Replica() *RaftReplica { return g.replica }
 
 // Table returns the table the replica currently serves (it changes when a
 // snapshot is restored).
-func (g *Group) Table() *store.Table { return g.fsm.table.Load() }
+func (g *Group) Table() *store.Table { return g.fsm.Table() }
 
 // AppliedIndex returns the index of the last log entry applied to the table.
-func (g *Group) AppliedIndex() uint64 { return g.fsm.appliedIx.Load() }
+func (g *Group) AppliedIndex() uint64 { return g.fsm.AppliedIndex() }
 
 // IsLeader reports whether this replica is the leader.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
@@ -402,14 +393,7 @@ func (g *Group) Close() error {
 			err = cerr
 		}
 		// Fail what the batcher never took.
-		for {
-			select {
-			case p := <-g.pushCh:
-				p.done <- pushOutcome{err: g.closedErr()}
-			default:
-				return
-			}
-		}
+		g.batcher.Drain()
 	})
 	return err
 }
@@ -492,13 +476,13 @@ func (g *Group) futureError(f raft.Future) error {
 // push was not logged; on ErrUnknownOutcome (or a context error) it may have
 // been: retry with the same (client, seq) either way.
 func (g *Group) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
-	if err := checkPush(g.who, g.Table(), p, pushBatchHeaderMax, g.cfg.MaxEntryBytes); err != nil {
+	if err := g.batcher.Check(g.Table(), p); err != nil {
 		return false, err
 	}
 	if g.raft.State() != raft.Leader {
 		return false, g.notLeader()
 	}
-	return submitPush(ctx, g.who, g.pushCh, g.closed, g.closedErr, p)
+	return g.batcher.Submit(ctx, p)
 }
 
 // batchLoop turns queued pushes into log entries: group commit. It waits for
@@ -506,16 +490,12 @@ func (g *Group) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
 // pushes that arrive wait together and go out as one entry.
 func (g *Group) batchLoop() {
 	defer g.wg.Done()
-	var carry *pending
 	for {
-		batch, size, ok := nextBatch(g.pushCh, g.inflight, g.closed, g.closedErr, g.cfg.MaxEntryBytes-pushBatchHeaderMax, &carry)
+		batch, ok := g.batcher.Next()
 		if !ok {
 			return
 		}
-		cmd := appendPushBatchHeader(make([]byte, 0, size+pushBatchHeaderMax), time.Now().UnixNano(), len(batch))
-		for _, p := range batch {
-			cmd = append(cmd, p.enc...)
-		}
+		cmd := batch.AppendCommand(nil, time.Now().UnixNano())
 		future := g.raft.Apply(cmd, g.cfg.ApplyTimeout)
 		g.wg.Add(1)
 		go g.complete(future, batch)
@@ -523,37 +503,22 @@ func (g *Group) batchLoop() {
 }
 
 // complete hands each push of a logged batch its outcome.
-func (g *Group) complete(f raft.ApplyFuture, batch []*pending) {
+func (g *Group) complete(f raft.ApplyFuture, batch *Batch) {
 	defer g.wg.Done()
-	defer func() { <-g.inflight }()
-	fail := func(err error) {
-		for _, p := range batch {
-			p.done <- pushOutcome{err: err}
-		}
-	}
 	if err := g.futureError(f); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // refused before it was logged
-			fail(g.notLeader())
+			batch.Fail(g.notLeader())
 		} else {
-			fail(fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, err))
+			batch.Fail(fmt.Errorf("group %s: %w: %w", g.cfg.ID, ErrUnknownOutcome, err))
 		}
 		return
 	}
-	res, ok := f.Response().(*batchResult)
+	res, ok := f.Response().(*ApplyResult)
 	if !ok {
-		fail(fmt.Errorf("group %s: log entry answered %T", g.cfg.ID, f.Response()))
+		batch.Fail(fmt.Errorf("group %s: log entry answered %T", g.cfg.ID, f.Response()))
 		return
 	}
-	for i, p := range batch {
-		switch {
-		case i < len(res.outcomes):
-			p.done <- res.outcomes[i]
-		case res.err != nil:
-			p.done <- pushOutcome{err: res.err}
-		default:
-			p.done <- pushOutcome{err: fmt.Errorf("group %s: no outcome for push %d of the entry", g.cfg.ID, i)}
-		}
-	}
+	batch.Answer(res)
 }
 
 // Pull copies the rows of keys into out (len(keys) × dim values). With

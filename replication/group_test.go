@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/internal/reptest"
 	"github.com/raftps/raftps/store"
 )
 
@@ -188,65 +189,9 @@ func (c *groupCluster) waitConverged(timeout time.Duration) uint64 {
 	return sum
 }
 
-// workload: clients push small integer gradients (SGD, lr 1) to keys of a
-// small space, so every row is an exact sum and any lost or doubled push shows.
-type workload struct {
-	dim      int
-	mu       sync.Mutex
-	expected map[uint64][]float32 // key -> -(sum of acknowledged gradients)
-	acked    int
-}
-
-func newWorkload(dim int) *workload { return &workload{dim: dim, expected: map[uint64][]float32{}} }
-
-func (w *workload) makePush(rng *rand.Rand, client, seq uint64) *Push {
-	n := 1 + rng.IntN(8)
-	p := &Push{Client: client, Seq: seq, Keys: make([]uint64, n), Grads: make([]float32, n*w.dim)}
-	for i := range p.Keys {
-		p.Keys[i] = uint64(rng.IntN(40))
-	}
-	for i := range p.Grads {
-		p.Grads[i] = float32(rng.IntN(7) - 3)
-	}
-	return p
-}
-
-func (w *workload) acknowledge(p *Push) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.acked++
-	for i, k := range p.Keys {
-		row := w.expected[k]
-		if row == nil {
-			row = make([]float32, w.dim)
-			w.expected[k] = row
-		}
-		for c := range row {
-			row[c] -= p.Grads[i*w.dim+c]
-		}
-	}
-}
-
-func (w *workload) check(t *testing.T, tab *store.Table) {
-	t.Helper()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]float32, w.dim)
-	for k, want := range w.expected {
-		if err := tab.Lookup([]uint64{k}, out); err != nil {
-			t.Fatal(err)
-		}
-		for c := range want {
-			if out[c] != want[c] {
-				t.Fatalf("key %d column %d = %v, acknowledged pushes sum to %v (lost or doubled push)", k, c, out[c], want[c])
-			}
-		}
-	}
-}
-
-// run starts clients that each push perClient pushes; it returns when all are
-// acknowledged.
-func (w *workload) run(t *testing.T, c *groupCluster, clients, perClient int) {
+// runWorkload starts clients that each push perClient pushes of w through
+// c; it returns when all are acknowledged.
+func runWorkload(t *testing.T, c *groupCluster, w *reptest.Workload, clients, perClient int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -256,12 +201,13 @@ func (w *workload) run(t *testing.T, c *groupCluster, clients, perClient int) {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(cl), 99))
 			for s := 1; s <= perClient; s++ {
-				p := w.makePush(rng, uint64(cl+1), uint64(s))
+				p := &Push{Client: uint64(cl + 1), Seq: uint64(s)}
+				p.Keys, p.Grads = w.Rows(rng)
 				if err := c.push(ctx, p); err != nil {
 					errs <- err
 					return
 				}
-				w.acknowledge(p)
+				w.Acknowledge(p.Keys, p.Grads)
 			}
 		})
 	}
@@ -273,30 +219,27 @@ func (w *workload) run(t *testing.T, c *groupCluster, clients, perClient int) {
 }
 
 func TestGroupReplicatesAndReadsLinearizably(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 4)))
+	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 4)))
 	c.leader(5 * time.Second)
-	w := newWorkload(4)
-	w.run(t, c, 4, 100)
+	w := reptest.NewWorkload(4)
+	runWorkload(t, c, w, 4, 100)
 	// A linearizable pull on the leader sees every acknowledged push at once.
 	l := c.groups[c.leader(time.Second)]
-	keys := make([]uint64, 0, len(w.expected))
-	for k := range w.expected {
-		keys = append(keys, k)
-	}
+	keys, want := w.Expected()
 	out := make([]float32, len(keys)*4)
 	if err := l.Pull(context.Background(), keys, out, true); err != nil {
 		t.Fatal(err)
 	}
 	for i, k := range keys {
 		for col := range 4 {
-			if out[i*4+col] != w.expected[k][col] {
-				t.Fatalf("linearizable pull of key %d = %v, want %v", k, out[i*4:i*4+4], w.expected[k])
+			if out[i*4+col] != want[i*4+col] {
+				t.Fatalf("linearizable pull of key %d = %v, want %v", k, out[i*4:i*4+4], want[i*4:i*4+4])
 			}
 		}
 	}
 	c.waitConverged(5 * time.Second)
 	for _, g := range c.groups {
-		w.check(t, g.Table())
+		w.Check(t, g.Table())
 	}
 	// Followers refuse linearizable reads and pushes, naming the leader.
 	f := c.groups[(c.leader(time.Second)+1)%3]
@@ -314,7 +257,7 @@ func TestGroupReplicatesAndReadsLinearizably(t *testing.T) {
 }
 
 func TestGroupRejectsBadPushes(t *testing.T) {
-	cfg := fastConfig(sgdTable("t", 2))
+	cfg := fastConfig(reptest.SGDTable("t", 2))
 	cfg.MaxEntryBytes = 4096
 	c := newGroupCluster(t, 3, cfg)
 	g := c.groups[c.leader(5*time.Second)]
@@ -349,20 +292,17 @@ func TestGroupRejectsBadPushes(t *testing.T) {
 // no acknowledged push is lost, none applied twice (rows are exact sums), the
 // restarted replica catches up from its data dir, and all replicas agree.
 func TestGroupLeaderKill(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 3)))
+	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 3)))
 	c.leader(5 * time.Second)
-	w := newWorkload(3)
+	w := reptest.NewWorkload(3)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		w.run(t, c, 4, 150)
+		runWorkload(t, c, w, 4, 150)
 	}()
 	// Kill the leader once some pushes are through.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		w.mu.Lock()
-		n := w.acked
-		w.mu.Unlock()
-		if n >= 100 {
+		if w.Acked() >= 100 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -382,27 +322,27 @@ func TestGroupLeaderKill(t *testing.T) {
 	c.waitConverged(5 * time.Second)
 	for _, g := range c.groups {
 		if g != nil {
-			w.check(t, g.Table())
+			w.Check(t, g.Table())
 		}
 	}
 	// Restart from the data dir: it replays, catches up and agrees.
 	c.start(killed, nil)
 	c.waitConverged(10 * time.Second)
-	w.check(t, c.groups[killed].Table())
+	w.Check(t, c.groups[killed].Table())
 }
 
 // TestGroupSnapshotCatchUp: a follower that was down while the log was
 // compacted past its position catches up by snapshot install, and dedupe
 // state comes with the snapshot.
 func TestGroupSnapshotCatchUp(t *testing.T) {
-	cfg := fastConfig(sgdTable("t", 8))
+	cfg := fastConfig(reptest.SGDTable("t", 8))
 	cfg.SnapshotThreshold, cfg.TrailingLogs, cfg.SnapshotInterval = 16, 4, 20*time.Millisecond
 	c := newGroupCluster(t, 3, cfg)
 	lead := c.leader(5 * time.Second)
 	down := (lead + 1) % 3
 	c.stop(down)
-	w := newWorkload(8)
-	w.run(t, c, 2, 200)
+	w := reptest.NewWorkload(8)
+	runWorkload(t, c, w, 2, 200)
 	l := c.groups[c.leader(time.Second)]
 	if err := l.Raft().Snapshot().Error(); err != nil {
 		t.Fatal(err)
@@ -413,7 +353,7 @@ func TestGroupSnapshotCatchUp(t *testing.T) {
 	}
 	c.start(down, nil)
 	c.waitConverged(10 * time.Second)
-	w.check(t, c.groups[down].Table())
+	w.Check(t, c.groups[down].Table())
 	// raft records the installed snapshot only after the FSM restored it, so
 	// the FSM can converge a moment before the stats show it.
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -430,14 +370,15 @@ func TestGroupSnapshotCatchUp(t *testing.T) {
 	c.stop(c.leader(time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	old := w.makePush(rand.New(rand.NewPCG(0, 99)), 1, 1)
+	old := &Push{Client: 1, Seq: 1}
+	old.Keys, old.Grads = w.Rows(rand.New(rand.NewPCG(0, 99)))
 	if err := c.push(ctx, old); err != nil {
 		t.Fatal(err)
 	}
 	c.waitConverged(5 * time.Second)
 	for _, g := range c.groups {
 		if g != nil {
-			w.check(t, g.Table())
+			w.Check(t, g.Table())
 		}
 	}
 }
@@ -446,10 +387,10 @@ func TestGroupSnapshotCatchUp(t *testing.T) {
 // log ends in entries raft applies without showing the FSM (its own no-op); a
 // linearizable read must still complete, and see every acknowledged push.
 func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 2)))
+	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 2)))
 	c.leader(5 * time.Second)
-	w := newWorkload(2)
-	w.run(t, c, 2, 30)
+	w := reptest.NewWorkload(2)
+	runWorkload(t, c, w, 2, 30)
 	for i := range c.groups {
 		c.stop(i)
 	}
@@ -464,7 +405,7 @@ func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
 	if err := l.Pull(ctx, keys, out, true); err != nil {
 		t.Fatalf("linearizable read after a full restart: %v", err)
 	}
-	w.check(t, l.Table())
+	w.Check(t, l.Table())
 }
 
 // TestConfirmLeadership: the read-index check counts only answers in the
@@ -475,7 +416,7 @@ func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
 // follower answering with a newer term is not staged here: it needs a
 // partition that heals before the old leader's lease runs out.)
 func TestConfirmLeadership(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(sgdTable("t", 2)))
+	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 2)))
 	l := c.groups[c.leader(5*time.Second)]
 	term := l.Raft().CurrentTerm()
 	if err := l.confirmLeadership(term); err != nil {

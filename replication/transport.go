@@ -157,12 +157,11 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
-		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)),
-		// A peer that is stopped or cut off without a TCP reset would
-		// otherwise leave a pipeline stream blocked in Send on flow control,
-		// and raft's Shutdown waits for its replication goroutines.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
-		peerConnectParams)
+		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)))
+	// Keepalive: a peer that is stopped or cut off without a TCP reset would
+	// otherwise leave a pipeline stream blocked in Send on flow control, and
+	// raft's Shutdown waits for its replication goroutines.
+	cfg.DialOptions = append(cfg.DialOptions, PeerDialOptions()...)
 	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, added: make(chan struct{}), conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
 }
 
@@ -177,6 +176,18 @@ var peerConnectParams = grpc.WithConnectParams(grpc.ConnectParams{MinConnectTime
 // keepaliveTime is how often an idle connection to a peer is pinged, and how
 // long a ping may go unanswered before the connection is closed.
 const keepaliveTime = 2 * time.Second
+
+// PeerDialOptions are the options every connection of a node to a peer
+// dials with, whichever transport (Raft's Mux, chain replication's) makes
+// it: keepalive pings, which ServerOptions permits, so that a connection to
+// a peer that vanished without a TCP reset breaks within seconds; and
+// peerConnectParams.
+func PeerDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
+		peerConnectParams,
+	}
+}
 
 // ServerOptions are what the node's grpc.Server needs for Raft traffic: room
 // for a full AppendEntries, and permission for peers' keepalive pings (the

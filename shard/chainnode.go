@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 )
@@ -27,7 +28,7 @@ import (
 // a replica (applyRegister refuses it).
 
 // Chain returns this node's replica of a chain shard, if it has one.
-func (n *Node) Chain(table string, shard uint32) *replication.Chain {
+func (n *Node) Chain(table string, shard uint32) *chain.Chain {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	return n.chains[groupID(table, shard)]
@@ -201,8 +202,8 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 	}
 }
 
-func (n *Node) openChain(id string, cfg store.TableConfig) (*replication.Chain, error) {
-	ch, err := replication.OpenChain(replication.ChainConfig{
+func (n *Node) openChain(id string, cfg store.TableConfig) (*chain.Chain, error) {
+	ch, err := chain.Open(chain.Config{
 		ID: id, NodeAddr: n.cfg.Addr, Dir: n.chainDir(id), Table: cfg, Mux: n.chainMux,
 		Logger: n.log.Named(id),
 	})
@@ -243,7 +244,7 @@ func (n *Node) closeChain(id string, remove bool) {
 
 // chainFor finds this node's replica of a chain shard for a request carrying
 // the client's map epoch (the same epoch rules as groupFor).
-func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*replication.Chain, error) {
+func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*chain.Chain, error) {
 	if err := n.checkShardEpoch(spec, shard, epoch); err != nil {
 		return nil, err
 	}
@@ -262,7 +263,7 @@ func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*r
 	}
 	if have := ch.Epoch(); newest > have {
 		n.kickReconcile()
-		return nil, fmt.Errorf("chain %s: %w: node %s has the chain's epoch %d, the shard map %d", ch.ID(), replication.ErrEpochAhead, n.cfg.ID, have, newest)
+		return nil, fmt.Errorf("chain %s: %w: node %s has the chain's epoch %d, the shard map %d", ch.ID(), chain.ErrEpochAhead, n.cfg.ID, have, newest)
 	}
 	return ch, nil
 }
@@ -287,7 +288,7 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 //
 //   - linearizable: the member confirms with the metadata leader that its
 //     epoch is current (chainconfirm.go), then ReadCRAQ. A clean key's value
-//     is that of its newest committed entry (replication.Chain.Pull argues
+//     is that of its newest committed entry (chain.Chain.Pull argues
 //     why), and a dirty key is read at the tail, so every read sees every
 //     push acknowledged before it began and nothing a later read could
 //     miss: linearizable.
@@ -308,7 +309,7 @@ func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *s
 		return nil, toStatus(err)
 	}
 	role := roleFollower
-	if ch.Role() == replication.RoleTail {
+	if ch.Role() == chain.RoleTail {
 		role = roleLeader // the tail answers from its own state, as a leader does
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
@@ -326,12 +327,12 @@ func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *s
 // eventual from its own state; bounded and linearizable by CRAQ once the
 // member has confirmed its epoch with the metadata leader (within bound,
 // or now). It returns the applied index the rows are at.
-func (n *Node) chainRead(ctx context.Context, ch *replication.Chain, keys []uint64, out []float32, level shardpb.Consistency, bound time.Duration) (uint64, error) {
-	mode := replication.ReadCRAQ
+func (n *Node) chainRead(ctx context.Context, ch *chain.Chain, keys []uint64, out []float32, level shardpb.Consistency, bound time.Duration) (uint64, error) {
+	mode := chain.ReadCRAQ
 	var err error
 	switch level {
 	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		mode = replication.ReadAny
+		mode = chain.ReadAny
 	case shardpb.Consistency_CONSISTENCY_BOUNDED:
 		err = n.confirmer.confirm(ctx, ch.ID(), ch.Epoch(), bound)
 	default:
@@ -354,7 +355,7 @@ func (n *Node) chainRead(ctx context.Context, ch *replication.Chain, keys []uint
 // head and "follower" elsewhere, so that tools reading Raft groups' status
 // (raftps chaos waits for each group's leader's applied index) read chains
 // alike; ChainRole has the real role.
-func chainStatus(ch *replication.Chain, table string, shard uint32, cm *shardpb.ClusterMap, checksums bool) *shardpb.ReplicaStatus {
+func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.ClusterMap, checksums bool) *shardpb.ReplicaStatus {
 	idOf := map[string]string{}
 	for _, nd := range cm.Nodes {
 		idOf[nd.Addr] = nd.Id
@@ -371,7 +372,7 @@ func chainStatus(ch *replication.Chain, table string, shard uint32, cm *shardpb.
 		AppliedIndex: ch.AppliedIndex(), CommitIndex: ch.CommittedIndex(), Term: ch.Epoch(),
 		ChainCaughtUp: ch.CaughtUp(),
 	}
-	if role == replication.RoleHead {
+	if role == chain.RoleHead {
 		rs.State = "leader"
 	}
 	if len(order) > 0 {
@@ -450,7 +451,7 @@ func (n *Node) statusOf(ctx context.Context, addr string) (*shardpb.StatusRespon
 
 // Broken chain replicas.
 //
-// A replica whose disk failed (replication.ErrReplicaBroken) stops, but its
+// A replica whose disk failed (chain.ErrReplicaBroken) stops, but its
 // node lives on: gossip and the metadata leader's silence check see nothing
 // wrong, and the chain would stall for good. So the node reports each such
 // replica to the metadata leader every reconcile round while the map still

@@ -10,7 +10,7 @@ import (
 )
 
 // Chain shards in the cluster map. A shard of a chain table (TableSpec
-// replication "chain") is a replication.Chain whose order is the entry's
+// replication "chain") is a chain.Chain whose order is the entry's
 // replica list, head first, and whose epoch is the entry's epoch: every node
 // hands its replica SetConfig(epoch, addresses of the replicas) when it sees
 // the entry change (reconcile.go), and every change of the entry bumps the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
@@ -171,8 +172,8 @@ func retryable(err error) bool {
 // chainRetryable: a chain replica could not serve yet (reconfiguring,
 // catching up, its disk failed) or its tail changed under a read.
 func chainRetryable(err error) bool {
-	for _, e := range []error{replication.ErrNotTail, replication.ErrStaleEpoch, replication.ErrEpochAhead,
-		replication.ErrChainNotReady, replication.ErrReplicaBroken, replication.ErrUnknownGroup} {
+	for _, e := range []error{chain.ErrNotTail, chain.ErrStaleEpoch, chain.ErrEpochAhead,
+		chain.ErrNotReady, chain.ErrReplicaBroken, chain.ErrUnknownGroup} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -184,7 +185,7 @@ func chainRetryable(err error) bool {
 // the map no longer places the shard on, or a chain replica no longer in
 // its chain's order.
 func stale(err error) bool {
-	return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrNotReplica) || errors.Is(err, replication.ErrNotMember)
+	return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrNotReplica) || errors.Is(err, chain.ErrNotMember)
 }
 
 // tableMap is the client's copy of a table's shard placement.

@@ -5,7 +5,7 @@
 //
 //   - Node (StartNode): one raftps server. It listens on one gRPC port that
 //     carries the client API (shardpb.ParameterServer), every Raft group's
-//     traffic (replication.Mux), every chain's (replication.ChainMux) and
+//     traffic (replication.Mux), every chain's (chain.Mux) and
 //     server reflection; it serves /healthz and
 //     /debug/pprof on an optional HTTP port.
 //   - The metadata group: a Raft group over the same nodes (3 or 5 voters,
@@ -19,7 +19,7 @@
 //     time, carried out by the shard's leader (reconfigure.go: a non-voter
 //     catches up before it votes; removal after replacement).
 //   - Chain tables (TableSpec replication "chain", fixed at creation):
-//     each shard is a replication.Chain instead of a Raft group. Its
+//     each shard is a chain.Chain instead of a Raft group. Its
 //     order is the map entry's replica list, head first, and its epoch the
 //     entry's epoch; the scheduler changes it only by removing a member
 //     (survivors keep their order) or appending one at the tail, one change

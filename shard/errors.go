@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc/codes"
@@ -90,14 +91,14 @@ var codeOf = []struct {
 	// ErrNotLeader and the client follows it; a node no longer in the
 	// chain's order makes the client refresh its map (stale); the rest pass
 	// with time or at another member (retryable).
-	{replication.ErrNotHead, codes.FailedPrecondition},
-	{replication.ErrNotMember, codes.FailedPrecondition},
-	{replication.ErrNotTail, codes.Unavailable},
-	{replication.ErrStaleEpoch, codes.Unavailable},
-	{replication.ErrEpochAhead, codes.Unavailable},
-	{replication.ErrChainNotReady, codes.Unavailable},
-	{replication.ErrReplicaBroken, codes.Unavailable},
-	{replication.ErrUnknownGroup, codes.Unavailable},
+	{chain.ErrNotHead, codes.FailedPrecondition},
+	{chain.ErrNotMember, codes.FailedPrecondition},
+	{chain.ErrNotTail, codes.Unavailable},
+	{chain.ErrStaleEpoch, codes.Unavailable},
+	{chain.ErrEpochAhead, codes.Unavailable},
+	{chain.ErrNotReady, codes.Unavailable},
+	{chain.ErrReplicaBroken, codes.Unavailable},
+	{chain.ErrUnknownGroup, codes.Unavailable},
 	{store.ErrUnknownTable, codes.NotFound},
 	{store.ErrTableExists, codes.AlreadyExists},
 	{store.ErrInvalidConfig, codes.InvalidArgument},
@@ -138,7 +139,7 @@ func toStatus(err error) error {
 	}
 	st := status.New(code, err.Error())
 	var nl *replication.NotLeaderError
-	var nh *replication.NotHeadError
+	var nh *chain.NotHeadError
 	switch {
 	case errors.As(err, &nl):
 		if d, derr := st.WithDetails(&shardpb.NotLeader{Group: nl.Group, LeaderId: string(nl.LeaderID), LeaderAddr: string(nl.LeaderAddr)}); derr == nil {

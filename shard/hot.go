@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -285,7 +285,7 @@ func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, lea
 		}
 		return false, epoch, ""
 	}
-	if role == replication.RoleHead {
+	if role == chain.RoleHead {
 		return true, epoch, n.cfg.Addr
 	}
 	if len(order) > 0 {

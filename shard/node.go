@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
@@ -154,7 +155,7 @@ type Node struct {
 	mux    *replication.Mux
 	fault  *netFault // nil unless NodeConfig.FaultInjection
 	// chainMux carries every chain replica's traffic on the same server.
-	chainMux *replication.ChainMux
+	chainMux *chain.Mux
 	meta     *replication.RaftReplica
 	metaFSM  *metaFSM
 	members  *membership
@@ -174,7 +175,7 @@ type Node struct {
 	// broken: as metadata leader, the chain replicas nodes reported broken.
 	broken brokenReports
 	// chains: this node's replicas of chain shards, by groupID (chainnode.go).
-	chains map[string]*replication.Chain
+	chains map[string]*chain.Chain
 	// retired: groups this node closed because the map moved them away;
 	// their data is deleted once the group's leader confirms the node is
 	// out of its configuration (gcRetired). Only reconcileLoop uses it.
@@ -239,7 +240,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
-		groups: map[string]*replication.Group{}, chains: map[string]*replication.Chain{},
+		groups: map[string]*replication.Group{}, chains: map[string]*chain.Chain{},
 		retired: map[string]bool{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		leases: map[string]*readLease{},
 		kick:   make(chan struct{}, 1),
@@ -259,7 +260,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		lis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	n.chainMux, err = replication.NewChainMux(replication.ChainMuxConfig{LocalAddr: cfg.Addr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
+	n.chainMux, err = chain.NewMux(chain.MuxConfig{LocalAddr: cfg.Addr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
 	if err != nil {
 		n.mux.Close()
 		lis.Close()
@@ -577,7 +578,7 @@ func (n *Node) Close() error {
 		}
 		n.mu.Lock()
 		groups, chains := n.groups, n.chains
-		n.groups, n.chains = map[string]*replication.Group{}, map[string]*replication.Chain{}
+		n.groups, n.chains = map[string]*replication.Group{}, map[string]*chain.Chain{}
 		n.mu.Unlock()
 		for id, ch := range chains {
 			if err := ch.Close(); err != nil {

@@ -18,7 +18,7 @@ const (
 )
 
 // Replication modes of a table (TableSpec.Replication): every shard is a
-// Raft group, or a chain (replication.Chain) whose order and epoch the
+// Raft group, or a chain (chain.Chain) whose order and epoch the
 // metadata group decides. Fixed at creation: AlterTable cannot change it.
 const (
 	ReplicationRaft  = "raft"

@@ -133,7 +133,7 @@ func (c *Cluster) pushSecond(cl *shard.Client, table string) {
 func TestChainHistoryThroughKills(t *testing.T) {
 	if raceDetector {
 		// make test's budget: the chain's concurrency is race-tested in
-		// replication (chain_test.go); this runs in make test-unit.
+		// replication/chain (chain_test.go); this runs in make test-unit.
 		t.Skip("in-process cluster with kills; run without -race")
 	}
 	c := StartCluster(t, 3, FastRaft())

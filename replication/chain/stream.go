@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"context"
@@ -9,14 +9,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/raftps/raftps/replication/chainpb"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain/chainpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// chainSnapshotChunk is the size of the snapshot pieces a predecessor sends.
-const chainSnapshotChunk = 1 << 20
+// snapshotChunk is the size of the snapshot pieces a predecessor sends.
+const snapshotChunk = 1 << 20
 
 // errCompacted: the sender needs entries its log no longer holds; it
 // reconnects, and the handshake then sends a snapshot.
@@ -178,7 +179,7 @@ func (c *Chain) onAck(gen, epoch, ix uint64) {
 	if epoch != c.epoch || gen != c.sendGen || c.role == RoleNone || !c.syncedLocked() {
 		return
 	}
-	c.commitLocked(min(ix, c.fsm.appliedIx.Load()))
+	c.commitLocked(min(ix, c.fsm.AppliedIndex()))
 }
 
 // floor is what this replica sends as the chain's commit floor.
@@ -234,7 +235,7 @@ func (c *Chain) epochAtLocked(ix uint64) (uint64, bool, error) {
 	return c.st.epochAt(ix)
 }
 
-// entriesFrom returns entries from index next on (up to chainBatchBytes, at
+// entriesFrom returns entries from index next on (up to batchBytes, at
 // least one), or none if next is past the last entry; appended is closed
 // when another entry is appended.
 func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan struct{}, err error) {
@@ -248,7 +249,7 @@ func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan stru
 	if next >= c.memFirst {
 		size := 0
 		for _, e := range c.mem[next-c.memFirst:] {
-			if len(entries) > 0 && size+len(e) > chainBatchBytes {
+			if len(entries) > 0 && size+len(e) > batchBytes {
 				break
 			}
 			entries = append(entries, e)
@@ -258,7 +259,7 @@ func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan stru
 		return entries, appended, nil
 	}
 	c.mu.Unlock()
-	if entries, err = c.st.read(next, chainBatchBytes); err != nil {
+	if entries, err = c.st.read(next, batchBytes); err != nil {
 		return nil, nil, c.failStorage(fmt.Errorf("reading log from %d: %w", next, err))
 	}
 	if len(entries) == 0 {
@@ -271,21 +272,22 @@ func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan stru
 // index entries resume from.
 func (c *Chain) sendSnapshot(stream grpc.BidiStreamingClient[chainpb.Forward, chainpb.Ack], epoch uint64) (uint64, error) {
 	c.applyMu.Lock()
-	s, err := c.fsm.Snapshot()
+	s := c.fsm.Snapshot()
 	ix, ep := c.last, c.lastEpoch
 	c.applyMu.Unlock()
-	if err != nil {
-		return 0, err
-	}
 	defer s.Release()
 	sink := &streamSink{stream: stream, epoch: epoch, index: ix, snapEpoch: ep, first: true}
-	if err := s.Persist(sink); err != nil {
+	_, err := s.WriteTo(sink)
+	if err == nil {
+		err = sink.Close()
+	}
+	if err != nil {
 		return 0, fmt.Errorf("sending snapshot %d: %w", ix, err)
 	}
 	return ix + 1, nil
 }
 
-// streamSink sends a snapshot in chainSnapshotChunk pieces; Close sends the
+// streamSink sends a snapshot in snapshotChunk pieces; Close sends the
 // last message.
 type streamSink struct {
 	stream       grpc.BidiStreamingClient[chainpb.Forward, chainpb.Ack]
@@ -303,7 +305,7 @@ func (s *streamSink) msg() *chainpb.Forward {
 func (s *streamSink) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		k := min(len(p), chainSnapshotChunk)
+		k := min(len(p), snapshotChunk)
 		m := s.msg()
 		// Copied: gRPC may encode the message after Send returns.
 		m.SnapshotData = append([]byte(nil), p[:k]...)
@@ -320,9 +322,6 @@ func (s *streamSink) Close() error {
 	m.SnapshotDone = true
 	return s.stream.Send(m)
 }
-
-func (s *streamSink) Cancel() error { return nil }
-func (s *streamSink) ID() string    { return "" }
 
 // ---- successor side ----
 
@@ -409,7 +408,7 @@ func (c *Chain) serveReplicate(stream grpc.BidiStreamingServer[chainpb.Forward, 
 			if err == nil || errors.Is(err, io.EOF) {
 				return nil
 			}
-			if codeOf(err) != chainpb.Code_BAD_REQUEST || errors.Is(err, ErrBadRequest) {
+			if codeOf(err) != chainpb.Code_BAD_REQUEST || errors.Is(err, replication.ErrBadRequest) {
 				return refuse(err)
 			}
 			return err
@@ -486,7 +485,7 @@ func (c *Chain) settle(ctx context.Context, epoch, first uint64) error {
 		return err
 	}
 	if first != c.last+1 {
-		return fmt.Errorf("chain %s: %w: predecessor resumes at %d, the log ends at %d", c.cfg.ID, ErrBadRequest, first, c.last)
+		return fmt.Errorf("chain %s: %w: predecessor resumes at %d, the log ends at %d", c.cfg.ID, replication.ErrBadRequest, first, c.last)
 	}
 	c.markSyncedLocked()
 	return nil
@@ -507,7 +506,7 @@ func (c *Chain) applyForwarded(ctx context.Context, epoch, first uint64, entries
 	}
 	for i, e := range entries {
 		if len(e) <= entryHeader {
-			return fmt.Errorf("chain %s: %w: entry %d is %d bytes", c.cfg.ID, ErrBadRequest, first+uint64(i), len(e))
+			return fmt.Errorf("chain %s: %w: entry %d is %d bytes", c.cfg.ID, replication.ErrBadRequest, first+uint64(i), len(e))
 		}
 	}
 	// Entries this log holds already are the same (the handshake matched
@@ -545,7 +544,7 @@ func (c *Chain) installSnapshot(ctx context.Context, stream grpc.BidiStreamingSe
 				return recvErr
 			}
 			if msg.Epoch != epoch || msg.SnapshotIndex != ix || msg.SnapshotStart {
-				recvErr = fmt.Errorf("chain %s: %w: snapshot %d interrupted by another message", c.cfg.ID, ErrBadRequest, ix)
+				recvErr = fmt.Errorf("chain %s: %w: snapshot %d interrupted by another message", c.cfg.ID, replication.ErrBadRequest, ix)
 				return recvErr
 			}
 		}

@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"bufio"
@@ -14,12 +14,12 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// chainStore is a chain replica's durable state in its Dir:
+// storage is a chain replica's durable state in its Dir:
 //
 //	chain.db              bbolt, fsync on every commit:
 //	  log  bucket:        index (u64 big-endian, so the cursor walks in order) → entry
 //	  meta bucket:        epoch, order, committed, snapIndex, snapEpoch
-//	snapshot-<index>      the FSM snapshot (fsm.Snapshot's stream) at index
+//	snapshot-<index>      the FSM snapshot (replication.Snapshot's stream) at index
 //
 // An entry is creation epoch u64 LE | command. meta's snapIndex names the one
 // snapshot file in use: a new snapshot is written and renamed into place
@@ -30,7 +30,7 @@ import (
 // Concurrency: bbolt serialises writers and lets readers run beside them;
 // every method is safe for concurrent use. The Chain decides the order of
 // writes (appends under its applyMu).
-type chainStore struct {
+type storage struct {
 	dir string
 	db  *bbolt.DB
 }
@@ -46,8 +46,8 @@ var (
 	metaSnapEpoch = []byte("snapEpoch")
 )
 
-// chainMeta is what chain.db's meta bucket holds.
-type chainMeta struct {
+// storedMeta is what chain.db's meta bucket holds.
+type storedMeta struct {
 	epoch     uint64
 	order     []string
 	committed uint64
@@ -61,8 +61,8 @@ func entryEpoch(e []byte) uint64 { return binary.LittleEndian.Uint64(e) }
 
 func ixKey(ix uint64) []byte { return binary.BigEndian.AppendUint64(make([]byte, 0, 8), ix) }
 
-func openChainStore(dir string) (*chainStore, chainMeta, error) {
-	var m chainMeta
+func openStorage(dir string) (*storage, storedMeta, error) {
+	var m storedMeta
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, m, err
 	}
@@ -100,7 +100,7 @@ func openChainStore(dir string) (*chainStore, chainMeta, error) {
 		db.Close()
 		return nil, m, fmt.Errorf("reading %s: %w", path, err)
 	}
-	s := &chainStore{dir: dir, db: db}
+	s := &storage{dir: dir, db: db}
 	s.removeStaleSnapshots(m.snapIndex)
 	return s, m, nil
 }
@@ -117,13 +117,13 @@ func putU64(b *bbolt.Bucket, k []byte, v uint64) error {
 	return b.Put(k, binary.LittleEndian.AppendUint64(nil, v))
 }
 
-func (s *chainStore) close() error { return s.db.Close() }
+func (s *storage) close() error { return s.db.Close() }
 
 // append writes entries first, first+1, ... and the committed index in one
 // fsynced transaction. The committed index rides along rather than getting
 // an fsync of its own: a stale one after a crash is safe (it only makes
 // entries look dirty for longer and delays compaction).
-func (s *chainStore) append(first uint64, entries [][]byte, committed uint64) error {
+func (s *storage) append(first uint64, entries [][]byte, committed uint64) error {
 	return s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketLog)
 		var k [8]byte
@@ -138,7 +138,7 @@ func (s *chainStore) append(first uint64, entries [][]byte, committed uint64) er
 }
 
 // saveConfig records the chain configuration.
-func (s *chainStore) saveConfig(epoch uint64, order []string) error {
+func (s *storage) saveConfig(epoch uint64, order []string) error {
 	return s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketMeta)
 		if err := putU64(b, metaEpoch, epoch); err != nil {
@@ -150,7 +150,7 @@ func (s *chainStore) saveConfig(epoch uint64, order []string) error {
 
 // replay calls fn for each entry above after, in index order, and checks they
 // are consecutive.
-func (s *chainStore) replay(after uint64, fn func(ix uint64, e []byte) error) error {
+func (s *storage) replay(after uint64, fn func(ix uint64, e []byte) error) error {
 	return s.db.View(func(tx *bbolt.Tx) error {
 		c := tx.Bucket(bucketLog).Cursor()
 		want := after + 1
@@ -171,7 +171,7 @@ func (s *chainStore) replay(after uint64, fn func(ix uint64, e []byte) error) er
 
 // read returns up to maxBytes of consecutive entries from index from (at
 // least one if it exists); none if from is not in the log.
-func (s *chainStore) read(from uint64, maxBytes int) ([][]byte, error) {
+func (s *storage) read(from uint64, maxBytes int) ([][]byte, error) {
 	var out [][]byte
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		c := tx.Bucket(bucketLog).Cursor()
@@ -190,7 +190,7 @@ func (s *chainStore) read(from uint64, maxBytes int) ([][]byte, error) {
 }
 
 // firstIndex returns the lowest index in the log, 0 if it is empty.
-func (s *chainStore) firstIndex() (uint64, error) {
+func (s *storage) firstIndex() (uint64, error) {
 	var ix uint64
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		if k, _ := tx.Bucket(bucketLog).Cursor().First(); k != nil {
@@ -202,7 +202,7 @@ func (s *chainStore) firstIndex() (uint64, error) {
 }
 
 // epochAt returns the creation epoch of entry ix, if the log holds it.
-func (s *chainStore) epochAt(ix uint64) (uint64, bool, error) {
+func (s *storage) epochAt(ix uint64) (uint64, bool, error) {
 	var ep uint64
 	var ok bool
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -214,13 +214,13 @@ func (s *chainStore) epochAt(ix uint64) (uint64, bool, error) {
 	return ep, ok, err
 }
 
-func (s *chainStore) snapshotPath(ix uint64) string {
+func (s *storage) snapshotPath(ix uint64) string {
 	return filepath.Join(s.dir, fmt.Sprintf("snapshot-%020d", ix))
 }
 
 // writeSnapshot writes the snapshot at index ix with write (which gets a
 // buffered writer) into its file, fsyncing it and the directory.
-func (s *chainStore) writeSnapshot(ix uint64, write func(w io.Writer) error) error {
+func (s *storage) writeSnapshot(ix uint64, write func(w io.Writer) error) error {
 	tmp, err := s.writeTemp(ix, write)
 	if err != nil {
 		return err
@@ -230,7 +230,7 @@ func (s *chainStore) writeSnapshot(ix uint64, write func(w io.Writer) error) err
 
 // writeTemp writes a snapshot at index ix into a temporary file and fsyncs
 // it; promote then puts it in place. In between, the caller may check it.
-func (s *chainStore) writeTemp(ix uint64, write func(w io.Writer) error) (string, error) {
+func (s *storage) writeTemp(ix uint64, write func(w io.Writer) error) (string, error) {
 	tmp := s.snapshotPath(ix) + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -255,7 +255,7 @@ func (s *chainStore) writeTemp(ix uint64, write func(w io.Writer) error) (string
 }
 
 // promote renames the temporary file of snapshot ix into place.
-func (s *chainStore) promote(tmp string, ix uint64) error {
+func (s *storage) promote(tmp string, ix uint64) error {
 	err := os.Rename(tmp, s.snapshotPath(ix))
 	if err == nil {
 		err = syncDir(s.dir)
@@ -286,7 +286,7 @@ func syncDir(dir string) error {
 // snapshot file is removed afterwards. Unless reset, it does nothing if the
 // recorded snapshot is as new: a periodic snapshot that raced an installed
 // one must not take the store back.
-func (s *chainStore) useSnapshot(ix, epoch, compactTo uint64, reset bool) error {
+func (s *storage) useSnapshot(ix, epoch, compactTo uint64, reset bool) error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		m := tx.Bucket(bucketMeta)
 		if cur := getU64(m, metaSnapIndex); !reset && cur >= ix {
@@ -324,7 +324,7 @@ func (s *chainStore) useSnapshot(ix, epoch, compactTo uint64, reset bool) error 
 // removeStaleSnapshots deletes snapshot files other than keep's: older ones,
 // and leftovers of writes or installs a crash interrupted. Failures are
 // harmless (the files are ignored) and not reported.
-func (s *chainStore) removeStaleSnapshots(keep uint64) {
+func (s *storage) removeStaleSnapshots(keep uint64) {
 	names, err := os.ReadDir(s.dir)
 	if err != nil {
 		return
@@ -338,7 +338,7 @@ func (s *chainStore) removeStaleSnapshots(keep uint64) {
 }
 
 // openSnapshot opens the snapshot at ix for reading.
-func (s *chainStore) openSnapshot(ix uint64) (*os.File, error) {
+func (s *storage) openSnapshot(ix uint64) (*os.File, error) {
 	f, err := os.Open(s.snapshotPath(ix))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("snapshot %d recorded in chain.db is missing: %w", ix, err)

@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"context"
@@ -8,26 +8,26 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/raftps/raftps/replication/chainpb"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain/chainpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
-// MaxChainMessageBytes bounds one chain message. A forward message carries
+// MaxMessageBytes bounds one chain message. A forward message carries
 // whole entries (each at most MaxEntryBytes, which validate keeps at or below
-// half of this) and is cut at chainBatchBytes otherwise. The node's
-// grpc.Server must accept it: ServerOptions allows more.
-const MaxChainMessageBytes = 64 << 20
+// half of this) and is cut at batchBytes otherwise. The node's
+// grpc.Server must accept it: replication.ServerOptions allows more.
+const MaxMessageBytes = 64 << 20
 
-// chainBatchBytes is how many entry bytes one forward message carries, at
+// batchBytes is how many entry bytes one forward message carries, at
 // least one entry whatever its size.
-const chainBatchBytes = 4 << 20
+const batchBytes = 4 << 20
 
-// ChainMuxConfig configures a ChainMux; zero fields get defaults.
-type ChainMuxConfig struct {
+// MuxConfig configures a Mux; zero fields get defaults.
+type MuxConfig struct {
 	// LocalAddr is this node's gRPC address, as peers dial it.
 	LocalAddr string
 	// DialOptions are used to dial peers (default: insecure credentials).
@@ -35,15 +35,15 @@ type ChainMuxConfig struct {
 	Logger      hclog.Logger
 }
 
-// ChainMux is one node's chain transport: it serves the chain RPCs of every
+// Mux is one node's chain transport: it serves the chain RPCs of every
 // chain replica on the node's gRPC server (service raftps.chain.v1.Chain,
 // see chainpb) and holds one client connection per peer, shared by every
 // group. Messages name their group; the Mux routes them.
 //
 // Concurrency: all methods are safe for concurrent use. mu guards chains and
 // closed; connMu guards conns.
-type ChainMux struct {
-	cfg ChainMuxConfig
+type Mux struct {
+	cfg MuxConfig
 
 	mu     sync.RWMutex
 	chains map[string]*Chain
@@ -53,8 +53,8 @@ type ChainMux struct {
 	conns  map[string]*grpc.ClientConn
 }
 
-// NewChainMux returns a ChainMux for the node at cfg.LocalAddr.
-func NewChainMux(cfg ChainMuxConfig) (*ChainMux, error) {
+// NewMux returns a Mux for the node at cfg.LocalAddr.
+func NewMux(cfg MuxConfig) (*Mux, error) {
 	if cfg.LocalAddr == "" {
 		return nil, fmt.Errorf("chain transport: LocalAddr is empty")
 	}
@@ -65,33 +65,32 @@ func NewChainMux(cfg ChainMuxConfig) (*ChainMux, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
-		grpc.MaxCallRecvMsgSize(MaxChainMessageBytes), grpc.MaxCallSendMsgSize(MaxChainMessageBytes)),
-		// A successor stopped or cut off without a TCP reset would otherwise
-		// leave the forwarding stream blocked on flow control for ever.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
-		peerConnectParams)
-	return &ChainMux{cfg: cfg, chains: map[string]*Chain{}, conns: map[string]*grpc.ClientConn{}}, nil
+		grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)))
+	// Keepalive: a successor stopped or cut off without a TCP reset would
+	// otherwise leave the forwarding stream blocked on flow control for ever.
+	cfg.DialOptions = append(cfg.DialOptions, replication.PeerDialOptions()...)
+	return &Mux{cfg: cfg, chains: map[string]*Chain{}, conns: map[string]*grpc.ClientConn{}}, nil
 }
 
 // Register adds the chain service to the node's gRPC server.
-func (m *ChainMux) Register(s grpc.ServiceRegistrar) {
-	chainpb.RegisterChainServer(s, &chainServer{m: m})
+func (m *Mux) Register(s grpc.ServiceRegistrar) {
+	chainpb.RegisterChainServer(s, &server{m: m})
 }
 
-func (m *ChainMux) add(c *Chain) error {
+func (m *Mux) add(c *Chain) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return fmt.Errorf("chain %q: %w", c.cfg.ID, ErrTransportClosed)
+		return fmt.Errorf("chain %q: %w", c.cfg.ID, replication.ErrTransportClosed)
 	}
 	if _, ok := m.chains[c.cfg.ID]; ok {
-		return fmt.Errorf("chain %q: %w", c.cfg.ID, ErrGroupExists)
+		return fmt.Errorf("chain %q: %w", c.cfg.ID, replication.ErrGroupExists)
 	}
 	m.chains[c.cfg.ID] = c
 	return nil
 }
 
-func (m *ChainMux) remove(c *Chain) {
+func (m *Mux) remove(c *Chain) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.chains[c.cfg.ID] == c {
@@ -99,19 +98,19 @@ func (m *ChainMux) remove(c *Chain) {
 	}
 }
 
-func (m *ChainMux) lookup(group string) *Chain {
+func (m *Mux) lookup(group string) *Chain {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.chains[group]
 }
 
 // conn returns the node's one connection to the peer at target.
-func (m *ChainMux) conn(target string) (*grpc.ClientConn, error) {
+func (m *Mux) conn(target string) (*grpc.ClientConn, error) {
 	m.mu.RLock()
 	closed := m.closed
 	m.mu.RUnlock()
 	if closed {
-		return nil, fmt.Errorf("chain transport: dialing %s: %w", target, ErrTransportClosed)
+		return nil, fmt.Errorf("chain transport: dialing %s: %w", target, replication.ErrTransportClosed)
 	}
 	m.connMu.Lock()
 	defer m.connMu.Unlock()
@@ -127,7 +126,7 @@ func (m *ChainMux) conn(target string) (*grpc.ClientConn, error) {
 }
 
 // Close closes every connection. Close the node's chains first.
-func (m *ChainMux) Close() error {
+func (m *Mux) Close() error {
 	m.mu.Lock()
 	m.closed = true
 	m.mu.Unlock()
@@ -142,7 +141,7 @@ func (m *ChainMux) Close() error {
 }
 
 // The one table between the package's errors and the wire's codes.
-var chainCodeErrors = []struct {
+var codeErrors = []struct {
 	code chainpb.Code
 	err  error
 }{
@@ -151,11 +150,11 @@ var chainCodeErrors = []struct {
 	{chainpb.Code_NOT_TAIL, ErrNotTail},
 	{chainpb.Code_NOT_MEMBER, ErrNotMember},
 	{chainpb.Code_UNKNOWN_GROUP, ErrUnknownGroup},
-	{chainpb.Code_UNKNOWN_GROUP, ErrGroupClosed}, // maps back to ErrUnknownGroup: the first match wins
+	{chainpb.Code_UNKNOWN_GROUP, replication.ErrGroupClosed}, // maps back to ErrUnknownGroup: the first match wins
 	{chainpb.Code_BROKEN, ErrReplicaBroken},
-	{chainpb.Code_BAD_REQUEST, ErrBadRequest},
+	{chainpb.Code_BAD_REQUEST, replication.ErrBadRequest},
 	{chainpb.Code_NOT_PREDECESSOR, ErrStaleEpoch},
-	{chainpb.Code_NOT_READY, ErrChainNotReady},
+	{chainpb.Code_NOT_READY, ErrNotReady},
 }
 
 // codeOf returns the wire code of err (BAD_REQUEST for an unknown error).
@@ -166,7 +165,7 @@ func codeOf(err error) chainpb.Code {
 	if errors.Is(err, errNotPredecessor) {
 		return chainpb.Code_NOT_PREDECESSOR
 	}
-	for _, e := range chainCodeErrors {
+	for _, e := range codeErrors {
 		if errors.Is(err, e.err) {
 			return e.code
 		}
@@ -177,7 +176,7 @@ func codeOf(err error) chainpb.Code {
 // codeError turns a refusal from peer back into an error that wraps the
 // package's sentinel.
 func codeError(peer string, code chainpb.Code, msg string) error {
-	for _, e := range chainCodeErrors {
+	for _, e := range codeErrors {
 		if e.code == code {
 			return fmt.Errorf("%s refused: %w (%s)", peer, e.err, msg)
 		}
@@ -191,14 +190,14 @@ func codeError(peer string, code chainpb.Code, msg string) error {
 // ErrStaleEpoch.
 var errNotPredecessor = fmt.Errorf("%w: sender is not this replica's predecessor", ErrStaleEpoch)
 
-// chainServer answers the chain RPCs of every group on the node. Handlers
+// server answers the chain RPCs of every group on the node. Handlers
 // only route: the work is in the Chain's methods.
-type chainServer struct {
+type server struct {
 	chainpb.UnimplementedChainServer
-	m *ChainMux
+	m *Mux
 }
 
-func (s *chainServer) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward, chainpb.Ack]) error {
+func (s *server) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward, chainpb.Ack]) error {
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -211,7 +210,7 @@ func (s *chainServer) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward,
 	return c.serveReplicate(stream, first)
 }
 
-func (s *chainServer) Read(ctx context.Context, req *chainpb.ReadRequest) (*chainpb.ReadResponse, error) {
+func (s *server) Read(ctx context.Context, req *chainpb.ReadRequest) (*chainpb.ReadResponse, error) {
 	c := s.m.lookup(req.Group)
 	if c == nil {
 		err := fmt.Errorf("chain %q is not on node %s: %w", req.Group, s.m.cfg.LocalAddr, ErrUnknownGroup)
@@ -224,14 +223,14 @@ func (s *chainServer) Read(ctx context.Context, req *chainpb.ReadRequest) (*chai
 }
 
 // tailRead asks the tail at addr, in epoch, for the rows of keys.
-func (m *ChainMux) tailRead(ctx context.Context, timeout time.Duration, addr, group string, epoch uint64, keys []uint64, out []float32) (uint64, error) {
+func (m *Mux) tailRead(ctx context.Context, timeout time.Duration, addr, group string, epoch uint64, keys []uint64, out []float32) (uint64, error) {
 	cc, err := m.conn(addr)
 	if err != nil {
 		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := chainpb.NewChainClient(cc).Read(ctx, &chainpb.ReadRequest{Group: group, Epoch: epoch, Keys: u64Bytes(keys)})
+	resp, err := chainpb.NewChainClient(cc).Read(ctx, &chainpb.ReadRequest{Group: group, Epoch: epoch, Keys: replication.KeysBytes(keys)})
 	if err != nil {
 		return 0, fmt.Errorf("chain %s: read from tail %s: %w", group, addr, err)
 	}
@@ -241,6 +240,6 @@ func (m *ChainMux) tailRead(ctx context.Context, timeout time.Duration, addr, gr
 	if len(resp.Rows) != len(out)*4 {
 		return 0, fmt.Errorf("chain %s: tail %s answered %d bytes of rows for %d values", group, addr, len(resp.Rows), len(out))
 	}
-	copy(f32Bytes(out), resp.Rows)
+	copy(replication.ValuesBytes(out), resp.Rows)
 	return resp.AppliedIndex, nil
 }

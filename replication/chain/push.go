@@ -1,9 +1,11 @@
-package replication
+package chain
 
 import (
 	"context"
 	"encoding/binary"
 	"time"
+
+	"github.com/raftps/raftps/replication"
 )
 
 // Push applies p through the chain and returns once the tail has applied it
@@ -13,22 +15,23 @@ import (
 //
 // The caller's slices are copied before Push returns. On ErrNotHead, a
 // validation error or ErrReplicaBroken (the push failed to persist) the push
-// was not applied; on ErrUnknownOutcome (timeout, reconfiguration, Close) or
-// a context error it may have been: retry with the same (client, seq), at the
-// head of the newest configuration. It is applied at most once.
+// was not applied; on replication.ErrUnknownOutcome (timeout,
+// reconfiguration, Close) or a context error it may have been: retry with the
+// same (client, seq), at the head of the newest configuration. It is applied
+// at most once.
 //
 // A push whose (client, seq) the head finds already applied is still logged
 // and answered only when that new entry commits: the earlier entry that
 // applied it may not be committed yet, and answering at once could
 // acknowledge a push that a head failure then loses.
-func (c *Chain) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
-	if err := checkPush(c.who, c.Table(), p, pushBatchHeaderMax+entryHeader, c.cfg.MaxEntryBytes); err != nil {
+func (c *Chain) Push(ctx context.Context, p *replication.Push) (duplicate bool, err error) {
+	if err := c.batcher.Check(c.Table(), p); err != nil {
 		return false, err
 	}
 	if err := c.checkHead(); err != nil {
 		return false, err
 	}
-	return submitPush(ctx, c.who, c.pushCh, c.closed, c.closedErr, p)
+	return c.batcher.Submit(ctx, p)
 }
 
 // checkHead returns nil if this replica is the head and healthy.
@@ -60,24 +63,20 @@ func (c *Chain) checkHeadLocked() error {
 // the head is persisting one entry, the next gathers.
 func (c *Chain) batchLoop() {
 	defer c.wg.Done()
-	var carry *pending
 	for {
-		batch, size, ok := nextBatch(c.pushCh, c.inflight, c.closed, c.closedErr, c.cfg.MaxEntryBytes-pushBatchHeaderMax-entryHeader, &carry)
+		batch, ok := c.batcher.Next()
 		if !ok {
 			return
 		}
-		if err := c.appendHead(batch, size); err != nil {
-			<-c.inflight
-			for _, p := range batch {
-				p.done <- pushOutcome{err: err}
-			}
+		if err := c.appendHead(batch); err != nil {
+			batch.Fail(err)
 		}
 	}
 }
 
 // appendHead logs batch as the next entry, if this replica is still the
 // head. On error nothing was applied.
-func (c *Chain) appendHead(batch []*pending, size int) error {
+func (c *Chain) appendHead(batch *replication.Batch) error {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
 	c.mu.Lock()
@@ -89,11 +88,7 @@ func (c *Chain) appendHead(batch []*pending, size int) error {
 	}
 	// The head's clock goes into the entry: every replica's dedupe expiry
 	// uses it, never its own clock.
-	e := make([]byte, entryHeader, entryHeader+pushBatchHeaderMax+size)
-	binary.LittleEndian.PutUint64(e, epoch)
-	e = appendPushBatchHeader(e, time.Now().UnixNano(), len(batch))
-	for _, p := range batch {
-		e = append(e, p.enc...)
-	}
+	e := binary.LittleEndian.AppendUint64(make([]byte, 0, entryHeader), epoch)
+	e = batch.AppendCommand(e, time.Now().UnixNano())
 	return c.appendLocked(c.last+1, [][]byte{e}, &headEntry{batch: batch})
 }

@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"fmt"
@@ -6,115 +6,11 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/store"
 )
-
-// ChainConfig configures one replica of one chain-replicated shard. Zero
-// fields get the defaults of DefaultChainConfig.
-type ChainConfig struct {
-	// ID names the group on every node, e.g. "users/3"; the ChainMux routes
-	// by it.
-	ID string
-	// NodeAddr is this node's gRPC address: its identity in the chain's
-	// order. Default: the Mux's LocalAddr.
-	NodeAddr string
-	// Dir holds the replica's log (chain.db) and snapshots; created if missing.
-	Dir string
-	// Table is the shard's table config; every replica must have the same.
-	Table store.TableConfig
-	// Mux carries the chain's messages; one per node.
-	Mux *ChainMux
-
-	// DedupeTTL: see DefaultDedupeTTL.
-	DedupeTTL time.Duration
-	// MaxEntryBytes caps one log entry (a batch of pushes); a single push
-	// larger than this is rejected.
-	MaxEntryBytes int
-	// MaxInflight bounds the entries the head has logged that the tail has
-	// not acknowledged; pushes arriving meanwhile wait and go out together.
-	MaxInflight int
-	// SnapshotEvery is how many entries are applied between snapshots of
-	// the table; a snapshot lets the log below it (and below the committed
-	// index) be deleted.
-	SnapshotEvery uint64
-	// RequestTimeout bounds a read sent to the tail.
-	RequestTimeout time.Duration
-	// RetryInterval is how long a predecessor waits before reconnecting to
-	// its successor after the stream broke or was refused.
-	RetryInterval time.Duration
-
-	Logger hclog.Logger
-}
-
-// DefaultChainConfig returns the defaults.
-func DefaultChainConfig() ChainConfig {
-	return ChainConfig{
-		DedupeTTL:      DefaultDedupeTTL,
-		MaxEntryBytes:  8 << 20,
-		MaxInflight:    64,
-		SnapshotEvery:  4096,
-		RequestTimeout: 5 * time.Second,
-		RetryInterval:  50 * time.Millisecond,
-	}
-}
-
-func (c ChainConfig) withDefaults() ChainConfig {
-	d := DefaultChainConfig()
-	if c.DedupeTTL == 0 {
-		c.DedupeTTL = d.DedupeTTL
-	}
-	if c.MaxEntryBytes == 0 {
-		c.MaxEntryBytes = d.MaxEntryBytes
-	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = d.MaxInflight
-	}
-	if c.SnapshotEvery == 0 {
-		c.SnapshotEvery = d.SnapshotEvery
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = d.RequestTimeout
-	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = d.RetryInterval
-	}
-	if c.NodeAddr == "" && c.Mux != nil {
-		c.NodeAddr = c.Mux.cfg.LocalAddr
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	return c
-}
-
-func (c ChainConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("chain %q: invalid config: %s", c.ID, fmt.Sprintf(format, args...))
-	}
-	switch {
-	case c.ID == "":
-		return bad("ID is empty")
-	case c.Dir == "":
-		return bad("Dir is empty")
-	case c.Mux == nil:
-		return bad("Mux is nil")
-	case c.NodeAddr == "":
-		return bad("NodeAddr is empty")
-	case c.MaxEntryBytes < 1024 || c.MaxEntryBytes > MaxChainMessageBytes/2:
-		return bad("MaxEntryBytes = %d (want 1024 to %d)", c.MaxEntryBytes, MaxChainMessageBytes/2)
-	case c.MaxInflight < 1:
-		return bad("MaxInflight = %d (want at least 1)", c.MaxInflight)
-	case c.RequestTimeout < 0 || c.RetryInterval < 0 || c.DedupeTTL < 0:
-		return bad("negative duration (RequestTimeout %s, RetryInterval %s, DedupeTTL %s)", c.RequestTimeout, c.RetryInterval, c.DedupeTTL)
-	}
-	if err := c.Table.Validate(); err != nil {
-		return fmt.Errorf("chain %q: %w", c.ID, err)
-	}
-	return nil
-}
 
 // Role is a replica's place in its chain.
 type Role uint8
@@ -138,25 +34,8 @@ func (r Role) String() string {
 	return "none"
 }
 
-// NotHeadError is ErrNotHead with the head this replica knows of, if any.
-type NotHeadError struct {
-	Group string
-	Epoch uint64
-	Head  string // "" if unknown
-}
-
-func (e *NotHeadError) Error() string {
-	if e.Head == "" {
-		return fmt.Sprintf("chain %s: not the head, head unknown (epoch %d)", e.Group, e.Epoch)
-	}
-	return fmt.Sprintf("chain %s: not the head, head is %s (epoch %d)", e.Group, e.Head, e.Epoch)
-}
-
-func (e *NotHeadError) Unwrap() error { return ErrNotHead }
-
 // Chain is one replica of one chain-replicated shard on one node. See the
-// package documentation ("Chain replication") for the protocol and the
-// goroutines.
+// package documentation for the protocol and the goroutines.
 //
 // Concurrency: every method is safe for concurrent use. Locks, always taken
 // in this order (a goroutine holding one may take those after it):
@@ -164,34 +43,32 @@ func (e *NotHeadError) Unwrap() error { return ErrNotHead }
 //	snapMu   serialises writing snapshots to Dir and installing them
 //	applyMu  serialises changes to the replicated state and the log: appends
 //	         (head batches and forwarded entries), fsm applies, taking a
-//	         snapshot, installing one, and configuration changes. The fsm's
-//	         one-goroutine contract holds because of it.
+//	         snapshot, installing one, and configuration changes. The FSM's
+//	         one-at-a-time contract holds because of it.
 //	mu       configuration (written under applyMu too, so either lock reads
 //	         it), commit state, the in-memory entry cache, waiting pushes,
 //	         the sender and inbound streams. Never held across I/O.
 //	dirtyMu  CRAQ's per-key in-flight counts.
 type Chain struct {
-	cfg ChainConfig
+	cfg Config
 	who string // "chain ID", for errors
 	log hclog.Logger
-	st  *chainStore
-	fsm *fsm
-	mux *ChainMux
+	st  *storage
+	fsm *replication.FSM
+	mux *Mux
 
-	pushCh   chan *pending
-	inflight chan struct{} // a token per logged, uncommitted head entry
-	snapCh   chan chainSnapJob
+	batcher *replication.Batcher // head: a batch per logged, uncommitted entry
+	snapCh  chan snapJob
 
 	snapMu sync.Mutex
 
 	applyMu   sync.Mutex
-	last      uint64 // index of the last entry persisted and applied (== fsm.appliedIx)
+	last      uint64 // index of the last entry persisted and applied (== fsm.AppliedIndex())
 	lastEpoch uint64 // creation epoch of entry last
 	snapIndex uint64 // the snapshot chain.db records
 	snapEpoch uint64
 	sinceSnap uint64
-	installs  uint64          // snapshots installed from the predecessor; a periodic snapshot taken before one is void
-	keyReader pushBatchReader // dirty marking's own reader (fsm has its own)
+	installs  uint64 // snapshots installed from the predecessor; a periodic snapshot taken before one is void
 
 	mu          sync.Mutex
 	epoch       uint64
@@ -239,8 +116,8 @@ type Chain struct {
 // headEntry is a logged head entry whose pushes wait for its commit.
 type headEntry struct {
 	index uint64
-	batch []*pending
-	res   *batchResult
+	batch *replication.Batch
+	res   *replication.ApplyResult
 }
 
 type dirtyEntry struct {
@@ -248,39 +125,40 @@ type dirtyEntry struct {
 	keys  []uint64
 }
 
-type chainSnapJob struct {
+type snapJob struct {
 	index, epoch uint64
 	installs     uint64 // Chain.installs when it was taken
-	snap         *fsmSnapshot
+	snap         *replication.Snapshot
 }
 
-// OpenChain opens the replica in cfg.Dir, recovering its last snapshot and
+// Open opens the replica in cfg.Dir, recovering its last snapshot and
 // log, and registers it with cfg.Mux. A replica without a configuration
 // (a new one) serves nothing until SetConfig.
-func OpenChain(cfg ChainConfig) (*Chain, error) {
+func Open(cfg Config) (*Chain, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	f, err := newFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
+	f, err := replication.NewFSM(cfg.ID, cfg.Table, cfg.DedupeTTL)
 	if err != nil {
 		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
 	}
-	st, meta, err := openChainStore(cfg.Dir)
+	st, meta, err := openStorage(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
 	}
 	c := &Chain{
 		cfg: cfg, who: "chain " + cfg.ID, log: cfg.Logger.With("chain", cfg.ID, "node", cfg.NodeAddr), st: st, fsm: f, mux: cfg.Mux,
-		pushCh:   make(chan *pending, 4096),
-		inflight: make(chan struct{}, cfg.MaxInflight),
-		snapCh:   make(chan chainSnapJob, 1),
+		snapCh:   make(chan snapJob, 1),
 		appendCh: make(chan struct{}),
 		commitCh: make(chan struct{}),
 		inbound:  map[*inboundStream]struct{}{},
 		dirty:    map[uint64]int32{},
 		closed:   make(chan struct{}),
 	}
+	c.batcher = replication.NewBatcher(replication.BatcherConfig{
+		Who: c.who, MaxEntryBytes: cfg.MaxEntryBytes, EntryPrefix: entryHeader, MaxInflight: cfg.MaxInflight, Closed: c.closed,
+	})
 	if err := c.recover(meta); err != nil {
 		st.close()
 		return nil, fmt.Errorf("chain %s: recovering from %s: %w", cfg.ID, cfg.Dir, err)
@@ -299,7 +177,7 @@ func OpenChain(cfg ChainConfig) (*Chain, error) {
 }
 
 // recover loads the snapshot and replays the log after it.
-func (c *Chain) recover(m chainMeta) error {
+func (c *Chain) recover(m storedMeta) error {
 	if m.snapIndex > 0 {
 		f, err := c.st.openSnapshot(m.snapIndex)
 		if err != nil {
@@ -308,7 +186,7 @@ func (c *Chain) recover(m chainMeta) error {
 		if err := c.fsm.Restore(f); err != nil { // closes f
 			return err
 		}
-		if got := c.fsm.appliedIx.Load(); got != m.snapIndex {
+		if got := c.fsm.AppliedIndex(); got != m.snapIndex {
 			return fmt.Errorf("snapshot file of index %d holds index %d", m.snapIndex, got)
 		}
 	}
@@ -324,8 +202,8 @@ func (c *Chain) recover(m chainMeta) error {
 			return fmt.Errorf("entry %d is %d bytes", ix, len(e))
 		}
 		c.markDirtyLocked(ix, e) // dropped below if committed
-		if res := c.fsm.applyCommand(e[entryHeader:]); res.err != nil {
-			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.err)
+		if res := c.fsm.ApplyCommand(e[entryHeader:]); res.Err() != nil {
+			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.Err())
 		}
 		c.last, c.lastEpoch = ix, entryEpoch(e)
 		replayed = append(replayed, e)
@@ -334,7 +212,7 @@ func (c *Chain) recover(m chainMeta) error {
 	if err != nil {
 		return err
 	}
-	c.fsm.setApplied(c.last)
+	c.fsm.SetApplied(c.last)
 	c.sinceSnap = c.last - c.snapIndex
 	c.mem, c.memFirst = replayed, m.snapIndex+1
 	c.committed = min(m.committed, c.last)
@@ -359,13 +237,13 @@ func (c *Chain) ID() string { return c.cfg.ID }
 
 // Table returns the table the replica currently serves (it changes when a
 // snapshot is installed).
-func (c *Chain) Table() *store.Table { return c.fsm.table.Load() }
+func (c *Chain) Table() *store.Table { return c.fsm.Table() }
 
 // Checksum returns the digest of the replica's rows (store.Table.Checksum).
 func (c *Chain) Checksum() uint64 { return c.Table().Checksum() }
 
 // AppliedIndex returns the index of the last entry applied (and persisted).
-func (c *Chain) AppliedIndex() uint64 { return c.fsm.appliedIx.Load() }
+func (c *Chain) AppliedIndex() uint64 { return c.fsm.AppliedIndex() }
 
 // CommittedIndex returns the highest index this replica knows the tail has
 // applied. It only counts entries its predecessor's stream has confirmed (a
@@ -397,8 +275,9 @@ func (c *Chain) Err() error {
 }
 
 // Close stops the replica's goroutines, unregisters it from its Mux and
-// closes its log. Pushes waiting for a commit fail with ErrUnknownOutcome;
-// pushes not yet logged with ErrGroupClosed.
+// closes its log. Pushes waiting for a commit fail with
+// replication.ErrUnknownOutcome; pushes not yet logged with
+// replication.ErrGroupClosed.
 func (c *Chain) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -407,20 +286,15 @@ func (c *Chain) Close() error {
 		c.mu.Lock()
 		close(c.closed)
 		c.stopStreamsLocked()
-		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, ErrGroupClosed))
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, replication.ErrUnknownOutcome, replication.ErrGroupClosed))
 		c.mu.Unlock()
 		c.applyMu.Unlock()
 		c.wg.Wait()
-	drain:
-		for {
-			select {
-			case p := <-c.pushCh:
-				p.done <- pushOutcome{err: c.closedErr()}
-			case job := <-c.snapCh:
-				job.snap.Release()
-			default:
-				break drain
-			}
+		c.batcher.Drain()
+		select {
+		case job := <-c.snapCh:
+			job.snap.Release()
+		default:
 		}
 		// Under applyMu, as every other use of the store: a SetConfig
 		// racing Close finds it closed (checked under applyMu) or finishes
@@ -432,7 +306,9 @@ func (c *Chain) Close() error {
 	return err
 }
 
-func (c *Chain) closedErr() error { return fmt.Errorf("chain %s: %w", c.cfg.ID, ErrGroupClosed) }
+func (c *Chain) closedErr() error {
+	return fmt.Errorf("chain %s: %w", c.cfg.ID, replication.ErrGroupClosed)
+}
 
 func (c *Chain) isClosed() bool {
 	select {
@@ -456,19 +332,19 @@ func (c *Chain) isClosed() bool {
 // which replaces whatever it applied.)
 //
 // Effects: a node not in order stops serving and fails its waiting pushes
-// with ErrUnknownOutcome (as does a head that is no longer head); a chain of
-// one commits everything it has applied; any other member is unsynced until
-// its predecessor's stream of the new epoch settles its log (then a tail
-// commits everything it has applied); every member with a successor opens a
+// with replication.ErrUnknownOutcome (as does a head that is no longer
+// head); a chain of one commits everything it has applied; any other member
+// is unsynced until its predecessor's stream of the new epoch settles its log
+// (then a tail commits everything it has applied); every member with a successor opens a
 // new stream to it, in the new epoch, once it is synced itself, and resends
 // what it lacks.
 func (c *Chain) SetConfig(epoch uint64, order []string) error {
 	if len(order) == 0 {
-		return fmt.Errorf("chain %s: %w: empty order", c.cfg.ID, ErrBadRequest)
+		return fmt.Errorf("chain %s: %w: empty order", c.cfg.ID, replication.ErrBadRequest)
 	}
 	for i, m := range order {
 		if m == "" || slices.Contains(order[:i], m) {
-			return fmt.Errorf("chain %s: %w: order %q has an empty or repeated member", c.cfg.ID, ErrBadRequest, order)
+			return fmt.Errorf("chain %s: %w: order %q has an empty or repeated member", c.cfg.ID, replication.ErrBadRequest, order)
 		}
 	}
 	c.applyMu.Lock()
@@ -503,7 +379,7 @@ func (c *Chain) SetConfig(epoch uint64, order []string) error {
 	c.log.Info("chain configuration", "epoch", epoch, "order", order, "role", c.role)
 	c.stopStreamsLocked()
 	if wasHead && c.role != RoleHead {
-		c.failWaitingLocked(fmt.Errorf("chain %s: %w: head replaced in epoch %d", c.cfg.ID, ErrUnknownOutcome, epoch))
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: head replaced in epoch %d", c.cfg.ID, replication.ErrUnknownOutcome, epoch))
 	}
 	if c.role == RoleNone {
 		return nil
@@ -605,7 +481,7 @@ func (c *Chain) failStorage(err error) error {
 		c.broken = err
 		c.log.Error("storage failed; replica stops", "error", err)
 		c.stopStreamsLocked()
-		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, ErrUnknownOutcome, err))
+		c.failWaitingLocked(fmt.Errorf("chain %s: %w: %w", c.cfg.ID, replication.ErrUnknownOutcome, err))
 	}
 	return c.broken
 }
@@ -625,8 +501,7 @@ func (c *Chain) commitLocked(ix uint64) {
 		if w.index > ix {
 			break
 		}
-		w.answer(c.cfg.ID)
-		<-c.inflight
+		w.batch.Answer(w.res)
 		n++
 	}
 	clear(c.waiting[:n])
@@ -637,28 +512,10 @@ func (c *Chain) commitLocked(ix uint64) {
 	c.releaseDirty(ix)
 }
 
-// answer hands each push of a committed entry its outcome.
-func (w *headEntry) answer(group string) {
-	res := w.res
-	for i, p := range w.batch {
-		switch {
-		case i < len(res.outcomes):
-			p.done <- res.outcomes[i]
-		case res.err != nil:
-			p.done <- pushOutcome{err: res.err}
-		default:
-			p.done <- pushOutcome{err: fmt.Errorf("chain %s: no outcome for push %d of entry %d", group, i, w.index)}
-		}
-	}
-}
-
 // failWaitingLocked fails every push waiting for a commit.
 func (c *Chain) failWaitingLocked(err error) {
 	for _, w := range c.waiting {
-		for _, p := range w.batch {
-			p.done <- pushOutcome{err: err}
-		}
-		<-c.inflight
+		w.batch.Fail(err)
 	}
 	clear(c.waiting)
 	c.waiting = c.waiting[:0]
@@ -687,21 +544,9 @@ func (c *Chain) trimMemLocked() {
 
 // markDirtyLocked marks the keys of entry ix dirty (caller holds applyMu).
 func (c *Chain) markDirtyLocked(ix uint64, e []byte) {
-	cmd := e[entryHeader:]
-	if len(cmd) == 0 || cmd[0] != cmdPush {
+	keys := replication.PushedKeys(nil, e[entryHeader:], c.cfg.Table.Dim)
+	if len(keys) == 0 {
 		return
-	}
-	r := &c.keyReader
-	if r.reset(cmd, c.cfg.Table.Dim) != nil {
-		return
-	}
-	var keys []uint64
-	for {
-		p, err := r.next()
-		if err != nil || p == nil {
-			break
-		}
-		keys = append(keys, p.Keys...)
 	}
 	c.dirtyMu.Lock()
 	for _, k := range keys {
@@ -748,21 +593,21 @@ func (c *Chain) appendLocked(first uint64, entries [][]byte, head *headEntry) er
 	// A tail commits what it applies only once synced (markSyncedLocked);
 	// entries only reach one after, but an unsynced tail must not commit.
 	tail := c.succ == "" && c.syncedLocked()
-	var res *batchResult
+	var res *replication.ApplyResult
 	for i, e := range entries {
 		ix := first + uint64(i)
 		if !tail {
 			c.markDirtyLocked(ix, e)
 		}
-		res = c.fsm.applyCommand(e[entryHeader:])
-		if res.err != nil {
+		res = c.fsm.ApplyCommand(e[entryHeader:])
+		if res.Err() != nil {
 			// Every replica decodes the same bytes alike, so this is a bad
 			// entry, not a divergence; its decodable pushes were applied.
-			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.err)
+			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.Err())
 		}
 		c.last, c.lastEpoch = ix, entryEpoch(e)
 	}
-	c.fsm.setApplied(c.last)
+	c.fsm.SetApplied(c.last)
 	c.mu.Lock()
 	c.mem = append(c.mem, entries...)
 	if head != nil {
@@ -789,12 +634,9 @@ func (c *Chain) maybeSnapshotLocked() {
 	if len(c.snapCh) > 0 {
 		return
 	}
-	snap, err := c.fsm.Snapshot()
-	if err != nil {
-		return
-	}
+	snap := c.fsm.Snapshot()
 	select {
-	case c.snapCh <- chainSnapJob{index: c.last, epoch: c.lastEpoch, installs: c.installs, snap: snap.(*fsmSnapshot)}:
+	case c.snapCh <- snapJob{index: c.last, epoch: c.lastEpoch, installs: c.installs, snap: snap}:
 		c.sinceSnap = 0
 	default:
 		snap.Release()
@@ -819,7 +661,7 @@ func (c *Chain) snapshotLoop() {
 	}
 }
 
-func (c *Chain) writeSnapshot(job chainSnapJob) error {
+func (c *Chain) writeSnapshot(job snapJob) error {
 	c.snapMu.Lock()
 	defer c.snapMu.Unlock()
 	// Installs also hold snapMu, so none can come between this check and
@@ -831,7 +673,8 @@ func (c *Chain) writeSnapshot(job chainSnapJob) error {
 		return nil
 	}
 	if err := c.st.writeSnapshot(job.index, func(w io.Writer) error {
-		return job.snap.Persist(writerSink{w})
+		_, err := job.snap.WriteTo(w)
+		return err
 	}); err != nil {
 		return err
 	}
@@ -846,12 +689,3 @@ func (c *Chain) writeSnapshot(job chainSnapJob) error {
 	c.applyMu.Unlock()
 	return nil
 }
-
-// writerSink adapts a writer to the raft.SnapshotSink that fsmSnapshot's
-// Persist writes to; the caller flushes and closes the writer.
-type writerSink struct{ w io.Writer }
-
-func (s writerSink) Write(p []byte) (int, error) { return s.w.Write(p) }
-func (s writerSink) Close() error                { return nil }
-func (s writerSink) Cancel() error               { return nil }
-func (s writerSink) ID() string                  { return "" }

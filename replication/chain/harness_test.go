@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"context"
@@ -12,42 +12,44 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/internal/reptest"
 	"google.golang.org/grpc"
 )
 
-// chainNode is one node of a test chain: a real gRPC server on 127.0.0.1
-// with its ChainMux, and the node's replica of the test group.
-type chainNode struct {
+// node is one node of a test chain: a real gRPC server on 127.0.0.1
+// with its Mux, and the node's replica of the test group.
+type node struct {
 	addr   string
 	dir    string
 	server *grpc.Server
-	mux    *ChainMux
+	mux    *Mux
 }
 
-// chainCluster runs replicas of one chain group on several nodes in this
+// cluster runs replicas of one chain group on several nodes in this
 // process, talking gRPC over loopback.
-type chainCluster struct {
+type cluster struct {
 	t     *testing.T
-	cfg   ChainConfig
-	nodes []*chainNode
+	cfg   Config
+	nodes []*node
 
 	mu     sync.Mutex // guards chains: clients read it while tests stop and start replicas
 	chains []*Chain   // nil while a replica is down
 	epoch  uint64
 	order  []int // node indexes, head first
 
-	clients uint64       // client IDs handed out by runChainClients
+	clients uint64       // client IDs handed out by runClients
 	retries atomic.Int64 // push attempts that failed and were retried
 }
 
-func chainTestConfig(dim int) ChainConfig {
-	return ChainConfig{ID: "t/0", Table: sgdTable("t", dim), RetryInterval: 10 * time.Millisecond, RequestTimeout: 2 * time.Second}
+func testConfig(dim int) Config {
+	return Config{ID: "t/0", Table: reptest.SGDTable("t", dim), RetryInterval: 10 * time.Millisecond, RequestTimeout: 2 * time.Second}
 }
 
-// newChainCluster starts n nodes with replicas configured as the chain
+// newCluster starts n nodes with replicas configured as the chain
 // 0 → 1 → ... → n-1 in epoch 1.
-func newChainCluster(t *testing.T, n int, cfg ChainConfig) *chainCluster {
-	c := &chainCluster{t: t, cfg: cfg}
+func newCluster(t *testing.T, n int, cfg Config) *cluster {
+	c := &cluster{t: t, cfg: cfg}
 	for range n {
 		c.addNode()
 	}
@@ -65,15 +67,15 @@ func newChainCluster(t *testing.T, n int, cfg ChainConfig) *chainCluster {
 }
 
 // addNode starts a node with an empty replica, not yet in the chain.
-func (c *chainCluster) addNode() int {
+func (c *cluster) addNode() int {
 	c.t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	i := len(c.nodes)
-	n := &chainNode{addr: lis.Addr().String(), dir: filepath.Join(c.t.TempDir(), fmt.Sprintf("n%d", i)), server: grpc.NewServer(ServerOptions()...)}
-	if n.mux, err = NewChainMux(ChainMuxConfig{LocalAddr: n.addr}); err != nil {
+	n := &node{addr: lis.Addr().String(), dir: filepath.Join(c.t.TempDir(), fmt.Sprintf("n%d", i)), server: grpc.NewServer(replication.ServerOptions()...)}
+	if n.mux, err = NewMux(MuxConfig{LocalAddr: n.addr}); err != nil {
 		c.t.Fatal(err)
 	}
 	n.mux.Register(n.server)
@@ -87,11 +89,11 @@ func (c *chainCluster) addNode() int {
 }
 
 // open opens node i's replica from its directory.
-func (c *chainCluster) open(i int) *Chain {
+func (c *cluster) open(i int) *Chain {
 	c.t.Helper()
 	cfg := c.cfg
 	cfg.Dir, cfg.Mux = c.nodes[i].dir, c.nodes[i].mux
-	ch, err := OpenChain(cfg)
+	ch, err := Open(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func (c *chainCluster) open(i int) *Chain {
 }
 
 // closeChain closes node i's replica, leaving the node's server up.
-func (c *chainCluster) closeChain(i int) {
+func (c *cluster) closeChain(i int) {
 	c.mu.Lock()
 	ch := c.chains[i]
 	c.chains[i] = nil
@@ -115,20 +117,20 @@ func (c *chainCluster) closeChain(i int) {
 }
 
 // stopNode kills node i: its replica and its server.
-func (c *chainCluster) stopNode(i int) {
+func (c *cluster) stopNode(i int) {
 	c.closeChain(i)
 	n := c.nodes[i]
 	n.server.Stop()
 	n.mux.Close()
 }
 
-func (c *chainCluster) chain(i int) *Chain {
+func (c *cluster) chain(i int) *Chain {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.chains[i]
 }
 
-func (c *chainCluster) live() []*Chain {
+func (c *cluster) live() []*Chain {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*Chain
@@ -142,7 +144,7 @@ func (c *chainCluster) live() []*Chain {
 
 // reconfigure moves the chain to the next epoch with the given nodes, head
 // first, telling every live replica (as the meta group would).
-func (c *chainCluster) reconfigure(order ...int) {
+func (c *cluster) reconfigure(order ...int) {
 	c.t.Helper()
 	c.mu.Lock()
 	c.epoch++
@@ -163,7 +165,7 @@ func (c *chainCluster) reconfigure(order ...int) {
 	}
 }
 
-func (c *chainCluster) head() *Chain {
+func (c *cluster) head() *Chain {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.chains[c.order[0]]
@@ -171,7 +173,7 @@ func (c *chainCluster) head() *Chain {
 
 // push sends p to the head, retrying the same (client, seq) through
 // reconfigurations and unknown outcomes until it is acknowledged.
-func (c *chainCluster) push(ctx context.Context, p *Push) (dup bool, err error) {
+func (c *cluster) push(ctx context.Context, p *replication.Push) (dup bool, err error) {
 	for {
 		var last error
 		if h := c.head(); h != nil {
@@ -181,7 +183,7 @@ func (c *chainCluster) push(ctx context.Context, p *Push) (dup bool, err error) 
 			if err == nil {
 				return dup, nil
 			}
-			if !errors.Is(err, ErrNotHead) && !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrGroupClosed) && !errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, ErrNotHead) && !errors.Is(err, replication.ErrUnknownOutcome) && !errors.Is(err, replication.ErrGroupClosed) && !errors.Is(err, context.DeadlineExceeded) {
 				return false, err
 			}
 			last = err
@@ -197,7 +199,7 @@ func (c *chainCluster) push(ctx context.Context, p *Push) (dup bool, err error) 
 
 // waitConverged waits until every live member has applied and committed
 // the same index, then checks their tables are bit-identical.
-func (c *chainCluster) waitConverged(timeout time.Duration) uint64 {
+func (c *cluster) waitConverged(timeout time.Duration) uint64 {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -229,10 +231,10 @@ func (c *chainCluster) waitConverged(timeout time.Duration) uint64 {
 	return sum
 }
 
-// runChainClients starts clients that each push perClient pushes through c,
+// runClients starts clients that each push perClient pushes through c,
 // acknowledging them in w; it returns when all are acknowledged. during, if
 // set, runs once the clients have pushed about a third of their pushes.
-func runChainClients(t *testing.T, c *chainCluster, w *workload, clients, perClient int, during func()) {
+func runClients(t *testing.T, c *cluster, w *reptest.Workload, clients, perClient int, during func()) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -253,7 +255,8 @@ func runChainClients(t *testing.T, c *chainCluster, w *workload, clients, perCli
 				if s == perClient/3+1 {
 					progress.Done()
 				}
-				p := w.makePush(rng, id, uint64(s))
+				p := &replication.Push{Client: id, Seq: uint64(s)}
+				p.Keys, p.Grads = w.Rows(rng)
 				if _, err := c.push(ctx, p); err != nil {
 					errs <- err
 					if s <= perClient/3 {
@@ -261,7 +264,7 @@ func runChainClients(t *testing.T, c *chainCluster, w *workload, clients, perCli
 					}
 					return
 				}
-				w.acknowledge(p)
+				w.Acknowledge(p.Keys, p.Grads)
 			}
 		})
 	}

@@ -513,7 +513,7 @@ const file_chain_proto_rawDesc = "" +
 	"\tNOT_READY\x10\t2\x8d\x01\n" +
 	"\x05Chain\x12?\n" +
 	"\tReplicate\x12\x18.raftps.chain.v1.Forward\x1a\x14.raftps.chain.v1.Ack(\x010\x01\x12C\n" +
-	"\x04Read\x12\x1c.raftps.chain.v1.ReadRequest\x1a\x1d.raftps.chain.v1.ReadResponseB.Z,github.com/raftps/raftps/replication/chainpbb\x06proto3"
+	"\x04Read\x12\x1c.raftps.chain.v1.ReadRequest\x1a\x1d.raftps.chain.v1.ReadResponseB4Z2github.com/raftps/raftps/replication/chain/chainpbb\x06proto3"
 
 var (
 	file_chain_proto_rawDescOnce sync.Once

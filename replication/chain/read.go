@@ -1,10 +1,11 @@
-package replication
+package chain
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/raftps/raftps/replication/chainpb"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/chain/chainpb"
 )
 
 // ReadMode says how a chain replica may answer a Pull.
@@ -56,7 +57,7 @@ func (m ReadMode) String() string {
 // tail.
 func (c *Chain) Pull(ctx context.Context, keys []uint64, out []float32, mode ReadMode) (uint64, error) {
 	if dim := c.cfg.Table.Dim; len(out) != len(keys)*dim {
-		return 0, fmt.Errorf("chain %s: %w: out holds %d values for %d keys of dim %d", c.cfg.ID, ErrBadRequest, len(out), len(keys), dim)
+		return 0, fmt.Errorf("chain %s: %w: out holds %d values for %d keys of dim %d", c.cfg.ID, replication.ErrBadRequest, len(out), len(keys), dim)
 	}
 	c.mu.Lock()
 	err := c.checkServingLocked()
@@ -77,13 +78,13 @@ func (c *Chain) Pull(ctx context.Context, keys []uint64, out []float32, mode Rea
 		return ix, c.lookup(keys, out)
 	case ReadLinearizable, ReadCRAQ:
 	default:
-		return 0, fmt.Errorf("chain %s: %w: read mode %d", c.cfg.ID, ErrBadRequest, mode)
+		return 0, fmt.Errorf("chain %s: %w: read mode %d", c.cfg.ID, replication.ErrBadRequest, mode)
 	}
 	if tail {
 		if !ready {
-			return 0, fmt.Errorf("chain %s: %w: new tail has not applied its predecessor's commit index yet", c.cfg.ID, ErrChainNotReady)
+			return 0, fmt.Errorf("chain %s: %w: new tail has not applied its predecessor's commit index yet", c.cfg.ID, ErrNotReady)
 		}
-		ix := c.fsm.appliedIx.Load()
+		ix := c.fsm.AppliedIndex()
 		return ix, c.lookup(keys, out)
 	}
 	if mode == ReadLinearizable {
@@ -168,7 +169,7 @@ func (c *Chain) caughtUpLocked() bool {
 	if c.pred == "" {
 		return true
 	}
-	return c.syncedLocked() && c.fsm.appliedIx.Load() >= c.commitFloor
+	return c.syncedLocked() && c.fsm.AppliedIndex() >= c.commitFloor
 }
 
 // serveRead answers a member's read of dirty keys, if this replica is the
@@ -180,7 +181,7 @@ func (c *Chain) serveRead(req *chainpb.ReadRequest) *chainpb.ReadResponse {
 		err = fmt.Errorf("chain %s: %w in epoch %d", c.cfg.ID, ErrNotTail, c.epoch)
 	}
 	if err == nil && !c.caughtUpLocked() {
-		err = fmt.Errorf("chain %s: %w: new tail has not applied its predecessor's commit index yet", c.cfg.ID, ErrChainNotReady)
+		err = fmt.Errorf("chain %s: %w: new tail has not applied its predecessor's commit index yet", c.cfg.ID, ErrNotReady)
 	}
 	epoch := c.epoch
 	c.mu.Unlock()
@@ -188,11 +189,11 @@ func (c *Chain) serveRead(req *chainpb.ReadRequest) *chainpb.ReadResponse {
 		return &chainpb.ReadResponse{Code: codeOf(err), Error: err.Error(), Epoch: epoch}
 	}
 	keys := make([]uint64, len(req.Keys)/8)
-	copy(u64Bytes(keys), req.Keys)
+	copy(replication.KeysBytes(keys), req.Keys)
 	out := make([]float32, len(keys)*c.cfg.Table.Dim)
-	ix := c.fsm.appliedIx.Load()
+	ix := c.fsm.AppliedIndex()
 	if err := c.lookup(keys, out); err != nil {
 		return &chainpb.ReadResponse{Code: codeOf(err), Error: err.Error(), Epoch: epoch}
 	}
-	return &chainpb.ReadResponse{Epoch: epoch, Rows: f32Bytes(out), AppliedIndex: ix}
+	return &chainpb.ReadResponse{Epoch: epoch, Rows: replication.ValuesBytes(out), AppliedIndex: ix}
 }

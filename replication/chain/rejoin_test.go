@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/raftps/raftps/replication"
 )
 
 // divergedRejoin builds the divergent chain of a removed and re-appended
@@ -16,12 +18,12 @@ import (
 // they take the leftovers' indexes). It returns the cluster, base (the index
 // committed before the leftovers), and the committed and leftover rows of
 // key 3. Node 0 is closed on return.
-func divergedRejoin(t *testing.T, chainEntries int) (c *chainCluster, base uint64, committed, leftover []float32) {
+func divergedRejoin(t *testing.T, chainEntries int) (c *cluster, base uint64, committed, leftover []float32) {
 	t.Helper()
-	c = newChainCluster(t, 3, chainTestConfig(2))
+	c = newCluster(t, 3, testConfig(2))
 	ctx := context.Background()
 	key := []uint64{3}
-	if _, err := c.push(ctx, &Push{Client: 1, Seq: 1, Keys: key, Grads: []float32{1, 1}}); err != nil {
+	if _, err := c.push(ctx, &replication.Push{Client: 1, Seq: 1, Keys: key, Grads: []float32{1, 1}}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitConverged(5 * time.Second)
@@ -30,10 +32,10 @@ func divergedRejoin(t *testing.T, chainEntries int) (c *chainCluster, base uint6
 	x.pauseForward.Store(true)
 	for s := uint64(1); s <= 3; s++ {
 		pctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		_, err := x.Push(pctx, &Push{Client: 50, Seq: s, Keys: key, Grads: []float32{100, 100}})
+		_, err := x.Push(pctx, &replication.Push{Client: 50, Seq: s, Keys: key, Grads: []float32{100, 100}})
 		cancel()
-		if !errors.Is(err, ErrUnknownOutcome) {
-			t.Fatalf("push with forwarding paused: %v, want ErrUnknownOutcome", err)
+		if !errors.Is(err, replication.ErrUnknownOutcome) {
+			t.Fatalf("push with forwarding paused: %v, want replication.ErrUnknownOutcome", err)
 		}
 	}
 	if got := x.AppliedIndex(); got != base+3 {
@@ -42,7 +44,7 @@ func divergedRejoin(t *testing.T, chainEntries int) (c *chainCluster, base uint6
 	c.closeChain(0)
 	c.reconfigure(1, 2) // epoch 2
 	for s := range chainEntries {
-		if _, err := c.push(ctx, &Push{Client: 60, Seq: uint64(s) + 1, Keys: key, Grads: []float32{1, 1}}); err != nil {
+		if _, err := c.push(ctx, &replication.Push{Client: 60, Seq: uint64(s) + 1, Keys: key, Grads: []float32{1, 1}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,14 +88,14 @@ func TestChainRejoinedTailWaitsForSync(t *testing.T) {
 			ix, err := x.Pull(ctx, key, out, ReadLinearizable)
 			if err == nil {
 				t.Errorf("rejoined tail served a linearizable read before its handshake settled: %v at index %d (committed %v, its uncommitted leftover %v)", out, ix, committed, leftover)
-			} else if !errors.Is(err, ErrChainNotReady) {
-				t.Errorf("linearizable read at the rejoined tail: %v, want ErrChainNotReady", err)
+			} else if !errors.Is(err, ErrNotReady) {
+				t.Errorf("linearizable read at the rejoined tail: %v, want ErrNotReady", err)
 			}
 			ix, err = c.nodes[1].mux.tailRead(ctx, time.Second, c.nodes[0].addr, "t/0", 3, key, out)
 			if err == nil {
 				t.Errorf("rejoined tail answered a CRAQ read before its handshake settled: %v at index %d (committed %v, its uncommitted leftover %v)", out, ix, committed, leftover)
-			} else if !errors.Is(err, ErrChainNotReady) {
-				t.Errorf("CRAQ read at the rejoined tail: %v, want ErrChainNotReady", err)
+			} else if !errors.Is(err, ErrNotReady) {
+				t.Errorf("CRAQ read at the rejoined tail: %v, want ErrNotReady", err)
 			}
 			release()
 			waitFor(t, "the rejoined tail to serve reads", func() bool {

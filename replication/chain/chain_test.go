@@ -1,4 +1,4 @@
-package replication
+package chain
 
 import (
 	"context"
@@ -9,19 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/replication/internal/reptest"
 	"github.com/raftps/raftps/store"
 )
 
 func TestChainReplicatesConcurrentPushes(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(4))
-	w := newWorkload(4)
-	runChainClients(t, c, w, 6, 60, nil)
+	c := newCluster(t, 3, testConfig(4))
+	w := reptest.NewWorkload(4)
+	runClients(t, c, w, 6, 60, nil)
 	c.waitConverged(5 * time.Second)
 	for i, ch := range c.live() {
 		if got := ch.Role(); got != []Role{RoleHead, RoleMiddle, RoleTail}[i] {
 			t.Errorf("member %d has role %s", i, got)
 		}
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 	// Group commit: 360 pushes took fewer entries.
 	if ix := c.head().AppliedIndex(); ix >= 360 {
@@ -30,7 +32,7 @@ func TestChainReplicatesConcurrentPushes(t *testing.T) {
 
 	// The same (client, seq) again: answered duplicate, applied once.
 	h := c.head()
-	p := &Push{Client: 99, Seq: 1, Keys: []uint64{1000}, Grads: []float32{1, 2, 3, 4}}
+	p := &replication.Push{Client: 99, Seq: 1, Keys: []uint64{1000}, Grads: []float32{1, 2, 3, 4}}
 	for attempt := range 3 {
 		dup, err := h.Push(context.Background(), p)
 		if err != nil {
@@ -40,29 +42,29 @@ func TestChainReplicatesConcurrentPushes(t *testing.T) {
 			t.Fatalf("attempt %d: duplicate = %v", attempt, dup)
 		}
 	}
-	w.acknowledge(p)
+	w.Acknowledge(p.Keys, p.Grads)
 	c.waitConverged(5 * time.Second)
 	for _, ch := range c.live() {
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 }
 
 func TestChainRejectsBadPushes(t *testing.T) {
-	c := newChainCluster(t, 2, chainTestConfig(2))
+	c := newCluster(t, 2, testConfig(2))
 	h := c.head()
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
-		p    *Push
+		p    *replication.Push
 		want error
 	}{
-		{"zero client", &Push{Client: 0, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}, ErrBadRequest},
-		{"zero seq", &Push{Client: 1, Seq: 0, Keys: []uint64{1}, Grads: []float32{1, 1}}, ErrBadRequest},
-		{"no keys", &Push{Client: 1, Seq: 1}, ErrBadRequest},
-		{"wrong dim", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1, 1}}, store.ErrDimMismatch},
-		{"NaN", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, float32(math.NaN())}}, store.ErrNonFinite},
-		{"Inf", &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{float32(math.Inf(-1)), 1}}, store.ErrNonFinite},
-		{"too big", &Push{Client: 1, Seq: 1, Keys: make([]uint64, 1<<20), Grads: make([]float32, 2<<20)}, ErrBadRequest},
+		{"zero client", &replication.Push{Client: 0, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}, replication.ErrBadRequest},
+		{"zero seq", &replication.Push{Client: 1, Seq: 0, Keys: []uint64{1}, Grads: []float32{1, 1}}, replication.ErrBadRequest},
+		{"no keys", &replication.Push{Client: 1, Seq: 1}, replication.ErrBadRequest},
+		{"wrong dim", &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1, 1}}, store.ErrDimMismatch},
+		{"NaN", &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, float32(math.NaN())}}, store.ErrNonFinite},
+		{"Inf", &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{float32(math.Inf(-1)), 1}}, store.ErrNonFinite},
+		{"too big", &replication.Push{Client: 1, Seq: 1, Keys: make([]uint64, 1<<20), Grads: make([]float32, 2<<20)}, replication.ErrBadRequest},
 	} {
 		if _, err := h.Push(ctx, tc.p); !errors.Is(err, tc.want) {
 			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
@@ -72,7 +74,7 @@ func TestChainRejectsBadPushes(t *testing.T) {
 		t.Fatalf("bad pushes logged %d entries", ix)
 	}
 	// Pushes to the tail name the head.
-	_, err := c.chain(1).Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}})
+	_, err := c.chain(1).Push(ctx, &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}})
 	var nh *NotHeadError
 	if !errors.As(err, &nh) || nh.Head != c.nodes[0].addr {
 		t.Fatalf("push to the tail: %v, want a NotHeadError naming %s", err, c.nodes[0].addr)
@@ -93,9 +95,9 @@ func TestChainMemberFailures(t *testing.T) {
 		{"tail", 2, []int{0, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newChainCluster(t, 3, chainTestConfig(3))
-			w := newWorkload(3)
-			runChainClients(t, c, w, 4, 60, func() {
+			c := newCluster(t, 3, testConfig(3))
+			w := reptest.NewWorkload(3)
+			runClients(t, c, w, 4, 60, func() {
 				c.stopNode(tc.kill)
 				time.Sleep(20 * time.Millisecond) // pushes pile up meanwhile
 				c.reconfigure(tc.remain...)
@@ -106,7 +108,7 @@ func TestChainMemberFailures(t *testing.T) {
 				t.Error("no push was pending when the head died: the test did not test that")
 			}
 			for _, ch := range c.live() {
-				w.check(t, ch.Table())
+				w.Check(t, ch.Table())
 				if ch.Epoch() != 2 {
 					t.Fatalf("epoch %d, want 2", ch.Epoch())
 				}
@@ -119,24 +121,24 @@ func TestChainMemberFailures(t *testing.T) {
 // old head, at the new head: it must be told duplicate and not applied again.
 // A push whose outcome the old head never learnt is retried the same way.
 func TestChainDuplicateAcrossHeadChange(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(2))
+	c := newCluster(t, 3, testConfig(2))
 	ctx := context.Background()
-	w := newWorkload(2)
-	acked := &Push{Client: 5, Seq: 1, Keys: []uint64{7}, Grads: []float32{1, 2}}
+	w := reptest.NewWorkload(2)
+	acked := &replication.Push{Client: 5, Seq: 1, Keys: []uint64{7}, Grads: []float32{1, 2}}
 	if _, err := c.head().Push(ctx, acked); err != nil {
 		t.Fatal(err)
 	}
-	w.acknowledge(acked)
+	w.Acknowledge(acked.Keys, acked.Grads)
 	// An unacknowledged push: the head forwards nothing, so it stays
 	// uncommitted (applied on the head only) until the head dies.
-	lost := &Push{Client: 5, Seq: 2, Keys: []uint64{8}, Grads: []float32{3, 4}}
+	lost := &replication.Push{Client: 5, Seq: 2, Keys: []uint64{8}, Grads: []float32{3, 4}}
 	h := c.head()
 	h.pauseForward.Store(true)
 	pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err := h.Push(pctx, lost)
 	cancel()
-	if !errors.Is(err, ErrUnknownOutcome) {
-		t.Fatalf("push with forwarding paused: %v, want ErrUnknownOutcome", err)
+	if !errors.Is(err, replication.ErrUnknownOutcome) {
+		t.Fatalf("push with forwarding paused: %v, want replication.ErrUnknownOutcome", err)
 	}
 	c.stopNode(0)
 	c.reconfigure(1, 2)
@@ -146,13 +148,13 @@ func TestChainDuplicateAcrossHeadChange(t *testing.T) {
 	if dup, err := c.push(ctx, lost); err != nil || dup {
 		t.Fatalf("retry of a push the old head never forwarded: duplicate %v, %v (want applied now)", dup, err)
 	}
-	w.acknowledge(lost)
+	w.Acknowledge(lost.Keys, lost.Grads)
 	if dup, err := c.push(ctx, lost); err != nil || !dup {
 		t.Fatalf("second retry: duplicate %v, %v", dup, err)
 	}
 	c.waitConverged(5 * time.Second)
 	for _, ch := range c.live() {
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 }
 
@@ -160,11 +162,11 @@ func TestChainDuplicateAcrossHeadChange(t *testing.T) {
 // directory: the same rows and applied index come back (from a snapshot and
 // the log after it), and the chain goes on.
 func TestChainRestartRecovers(t *testing.T) {
-	cfg := chainTestConfig(3)
+	cfg := testConfig(3)
 	cfg.SnapshotEvery = 16
-	c := newChainCluster(t, 3, cfg)
-	w := newWorkload(3)
-	runChainClients(t, c, w, 3, 40, nil)
+	c := newCluster(t, 3, cfg)
+	w := reptest.NewWorkload(3)
+	runClients(t, c, w, 3, 40, nil)
 	sum := c.waitConverged(5 * time.Second)
 	applied := c.head().AppliedIndex()
 	waitFor(t, "a snapshot on the middle member", func() bool {
@@ -181,16 +183,16 @@ func TestChainRestartRecovers(t *testing.T) {
 			t.Fatalf("replica %d reopened at index %d checksum %x epoch %d role %s; closed at %d %x 1 %s",
 				i, ch.AppliedIndex(), ch.Checksum(), ch.Epoch(), ch.Role(), applied, sum, []Role{RoleHead, RoleMiddle, RoleTail}[i])
 		}
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 	// One member restarts alone while pushes go on; it catches up.
-	runChainClients(t, c, w, 2, 30, func() {
+	runClients(t, c, w, 2, 30, func() {
 		c.closeChain(1)
 		c.open(1)
 	})
 	c.waitConverged(5 * time.Second)
 	for _, ch := range c.live() {
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 }
 
@@ -198,11 +200,11 @@ func TestChainRestartRecovers(t *testing.T) {
 // chain whose log has been compacted: it gets a snapshot from the old tail,
 // then follows.
 func TestChainNewMemberCopiesState(t *testing.T) {
-	cfg := chainTestConfig(3)
+	cfg := testConfig(3)
 	cfg.SnapshotEvery = 8
-	c := newChainCluster(t, 2, cfg)
-	w := newWorkload(3)
-	runChainClients(t, c, w, 3, 40, nil)
+	c := newCluster(t, 2, cfg)
+	w := reptest.NewWorkload(3)
+	runClients(t, c, w, 3, 40, nil)
 	c.waitConverged(5 * time.Second)
 	waitFor(t, "the old tail's log compacted", func() bool {
 		tl := c.chain(1)
@@ -213,13 +215,13 @@ func TestChainNewMemberCopiesState(t *testing.T) {
 		return err == nil && snap > 0 && first != 1 // 0: every entry is in the snapshot
 	})
 	n := c.addNode()
-	runChainClients(t, c, w, 3, 30, func() { c.reconfigure(0, 1, n) })
+	runClients(t, c, w, 3, 30, func() { c.reconfigure(0, 1, n) })
 	c.waitConverged(5 * time.Second)
 	if got := c.chain(n).Role(); got != RoleTail {
 		t.Fatalf("new member's role is %s", got)
 	}
 	for _, ch := range c.live() {
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 	c.chain(n).applyMu.Lock()
 	installed := c.chain(n).installs
@@ -234,7 +236,7 @@ func TestChainNewMemberCopiesState(t *testing.T) {
 }
 
 func TestChainStaleEpoch(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(2))
+	c := newCluster(t, 3, testConfig(2))
 	h := c.head()
 	addrs := []string{c.nodes[0].addr, c.nodes[1].addr, c.nodes[2].addr}
 	if err := h.SetConfig(0, addrs); !errors.Is(err, ErrStaleEpoch) {
@@ -259,11 +261,11 @@ func TestChainStaleEpoch(t *testing.T) {
 	if _, err := c.nodes[0].mux.tailRead(context.Background(), time.Second, addrs[2], "t/0", 2, []uint64{1}, out); !errors.Is(err, ErrEpochAhead) {
 		t.Fatalf("read of epoch 2 before the tail knows it: %v", err)
 	}
-	p := &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}
+	p := &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	_, err := h.Push(ctx, p)
 	cancel()
-	if !errors.Is(err, ErrUnknownOutcome) {
+	if !errors.Is(err, replication.ErrUnknownOutcome) {
 		t.Fatalf("push while the chain is split across epochs: %v", err)
 	}
 	if c.chain(1).AppliedIndex() != 0 || c.chain(2).AppliedIndex() != 0 {
@@ -295,9 +297,9 @@ func TestChainStaleEpoch(t *testing.T) {
 // forwarding paused) and checks that a CRAQ read of it on the head returns
 // the tail's committed value, while clean keys are served locally.
 func TestChainCRAQReads(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(2))
+	c := newCluster(t, 3, testConfig(2))
 	ctx := context.Background()
-	if _, err := c.push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1, 2}, Grads: []float32{1, 1, 2, 2}}); err != nil {
+	if _, err := c.push(ctx, &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1, 2}, Grads: []float32{1, 1, 2, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitConverged(5 * time.Second)
@@ -327,7 +329,7 @@ func TestChainCRAQReads(t *testing.T) {
 	h.pauseForward.Store(true)
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.Push(ctx, &Push{Client: 1, Seq: 2, Keys: []uint64{2}, Grads: []float32{10, 10}})
+		_, err := h.Push(ctx, &replication.Push{Client: 1, Seq: 2, Keys: []uint64{2}, Grads: []float32{10, 10}})
 		done <- err
 	}()
 	waitFor(t, "the head to apply the push", func() bool { return h.AppliedIndex() == 2 })
@@ -354,12 +356,12 @@ func TestChainCRAQReads(t *testing.T) {
 // an error, and nothing is acknowledged.
 func TestChainBrokenDisk(t *testing.T) {
 	t.Run("head", func(t *testing.T) {
-		c := newChainCluster(t, 3, chainTestConfig(2))
+		c := newCluster(t, 3, testConfig(2))
 		h := c.head()
 		if err := h.st.db.Close(); err != nil {
 			t.Fatal(err)
 		}
-		p := &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}
+		p := &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}
 		if _, err := h.Push(context.Background(), p); !errors.Is(err, ErrReplicaBroken) {
 			t.Fatalf("push to a head whose disk failed: %v", err)
 		}
@@ -373,14 +375,14 @@ func TestChainBrokenDisk(t *testing.T) {
 		}
 	})
 	t.Run("middle", func(t *testing.T) {
-		c := newChainCluster(t, 3, chainTestConfig(2))
+		c := newCluster(t, 3, testConfig(2))
 		if err := c.chain(1).st.db.Close(); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, err := c.head().Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}})
-		if !errors.Is(err, ErrUnknownOutcome) {
+		_, err := c.head().Push(ctx, &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}})
+		if !errors.Is(err, replication.ErrUnknownOutcome) {
 			t.Fatalf("push through a middle whose disk failed: %v, want no acknowledgement", err)
 		}
 		if !errors.Is(c.chain(1).Err(), ErrReplicaBroken) {
@@ -419,29 +421,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // streams open: every goroutine of theirs ends, and the waiting pushes get
 // an answer.
 func TestChainCloseLeavesNoGoroutines(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(2))
+	c := newCluster(t, 3, testConfig(2))
 	ctx := context.Background()
-	if _, err := c.push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
+	if _, err := c.push(ctx, &replication.Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
 		t.Fatal(err)
 	}
 	h := c.head()
 	h.pauseForward.Store(true)
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.Push(ctx, &Push{Client: 1, Seq: 2, Keys: []uint64{1}, Grads: []float32{1, 1}})
+		_, err := h.Push(ctx, &replication.Push{Client: 1, Seq: 2, Keys: []uint64{1}, Grads: []float32{1, 1}})
 		done <- err
 	}()
 	waitFor(t, "the head to apply the push", func() bool { return h.AppliedIndex() == 2 })
 	for i := range 3 {
 		c.closeChain(i)
 	}
-	if err := <-done; !errors.Is(err, ErrUnknownOutcome) {
-		t.Fatalf("push waiting at Close: %v, want ErrUnknownOutcome", err)
+	if err := <-done; !errors.Is(err, replication.ErrUnknownOutcome) {
+		t.Fatalf("push waiting at Close: %v, want replication.ErrUnknownOutcome", err)
 	}
 	waitFor(t, "the replicas' goroutines to end", func() bool {
 		buf := make([]byte, 1<<20)
 		stacks := string(buf[:runtime.Stack(buf, true)])
-		return !strings.Contains(stacks, "replication.(*Chain)")
+		return !strings.Contains(stacks, "chain.(*Chain)")
 	})
 }
 
@@ -450,29 +452,29 @@ func TestChainCloseLeavesNoGoroutines(t *testing.T) {
 // chain's at that index): the handshake sees the mismatch and replaces its
 // state with a snapshot, and the push in that entry counts once.
 func TestChainRejoinAfterDivergence(t *testing.T) {
-	c := newChainCluster(t, 3, chainTestConfig(2))
+	c := newCluster(t, 3, testConfig(2))
 	ctx := context.Background()
-	w := newWorkload(2)
-	runChainClients(t, c, w, 2, 10, nil)
+	w := reptest.NewWorkload(2)
+	runClients(t, c, w, 2, 10, nil)
 	h := c.head()
 	h.pauseForward.Store(true)
-	lost := &Push{Client: 77, Seq: 1, Keys: []uint64{3}, Grads: []float32{1, 2}}
+	lost := &replication.Push{Client: 77, Seq: 1, Keys: []uint64{3}, Grads: []float32{1, 2}}
 	pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if _, err := h.Push(pctx, lost); !errors.Is(err, ErrUnknownOutcome) {
+	if _, err := h.Push(pctx, lost); !errors.Is(err, replication.ErrUnknownOutcome) {
 		t.Fatalf("push with forwarding paused: %v", err)
 	}
 	cancel()
 	diverged := h.AppliedIndex()
 	c.closeChain(0)
 	c.reconfigure(1, 2)
-	if _, err := c.push(ctx, &Push{Client: 78, Seq: 1, Keys: []uint64{4}, Grads: []float32{1, 1}}); err != nil {
+	if _, err := c.push(ctx, &replication.Push{Client: 78, Seq: 1, Keys: []uint64{4}, Grads: []float32{1, 1}}); err != nil {
 		t.Fatal(err)
 	}
-	w.acknowledge(&Push{Client: 78, Seq: 1, Keys: []uint64{4}, Grads: []float32{1, 1}})
+	w.Acknowledge([]uint64{4}, []float32{1, 1})
 	if _, err := c.push(ctx, lost); err != nil {
 		t.Fatal(err)
 	}
-	w.acknowledge(lost)
+	w.Acknowledge(lost.Keys, lost.Grads)
 	if c.chain(1).AppliedIndex() < diverged {
 		t.Fatalf("new head at %d, below the old head's diverged entry %d", c.chain(1).AppliedIndex(), diverged)
 	}
@@ -481,10 +483,10 @@ func TestChainRejoinAfterDivergence(t *testing.T) {
 		t.Fatalf("reopened old head at epoch %d index %d", old.Epoch(), old.AppliedIndex())
 	}
 	c.reconfigure(1, 2, 0)
-	runChainClients(t, c, w, 2, 10, nil)
+	runClients(t, c, w, 2, 10, nil)
 	c.waitConverged(5 * time.Second)
 	for _, ch := range c.live() {
-		w.check(t, ch.Table())
+		w.Check(t, ch.Table())
 	}
 	old.applyMu.Lock()
 	installs := old.installs

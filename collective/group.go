@@ -497,6 +497,10 @@ func (g *Group) acceptOne(ctx context.Context, c net.Conn, seenMu *sync.Mutex, s
 	}
 	reply := g.hello(int(h.from), status, reason)
 	if _, err := c.Write(reply.marshal()); err != nil && reason == "" {
+		// The peer will retry; it must not find itself already connected.
+		seenMu.Lock()
+		delete(seen, int(h.from))
+		seenMu.Unlock()
 		return 0, fmt.Sprintf("rank %d: writing handshake reply: %v", h.from, err)
 	}
 	return int(h.from), reason

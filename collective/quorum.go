@@ -518,13 +518,7 @@ func (q *Quorum) pendingAbort() error {
 	}
 }
 
-func (q *Quorum) deadline(ctx context.Context) time.Time {
-	d := time.Now().Add(q.cfg.Timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
-	return d
-}
+func (q *Quorum) deadline(ctx context.Context) time.Time { return ioDeadline(ctx, q.cfg.Timeout) }
 
 // abortWait bounds best-effort writes (abort, bye) that must not hold up a
 // failure or a Close.
@@ -754,7 +748,8 @@ func (c *qconn) discard(d time.Time, n uint32) error {
 
 // --- handshake ------------------------------------------------------------
 
-// Quorum handshake (56 bytes, little-endian, then Job and the reason):
+// quorumHello is JoinQuorum's hello (see handshake.go), 56 bytes, then Job
+// and the reason:
 //
 //	0  [4]byte "RPSQ"
 //	4  uint16  version (1)
@@ -769,110 +764,52 @@ func (c *qconn) discard(d time.Time, n uint32) error {
 //	48 uint16  len(Job)
 //	50 uint16  len(reason)
 //	52 uint32  0
-const (
-	qHelloLen  = 56
-	qHelloVers = 1
-)
-
-var qHelloMagic = [4]byte{'R', 'P', 'S', 'Q'}
-
-type qhello struct {
-	status     uint16
-	size, from uint32
-	need       uint32
-	generation uint64
-	steps      uint64
-	length     uint64
-	job        string
-	reason     string
+var quorumHello = helloKind{
+	name: "quorum", magic: [4]byte{'R', 'P', 'S', 'Q'}, length: 56, lens: 48,
+	put: func(b []byte, h *hello) {
+		le := binary.LittleEndian
+		le.PutUint32(b[16:], h.need)
+		le.PutUint64(b[32:], h.steps)
+		le.PutUint64(b[40:], h.length)
+	},
+	get: func(b []byte, h *hello) {
+		le := binary.LittleEndian
+		h.need, h.steps, h.length = le.Uint32(b[16:]), le.Uint64(b[32:]), le.Uint64(b[40:])
+	},
 }
 
-func (c *QuorumConfig) hello(status uint16, length int, reason string) qhello {
-	return qhello{
-		status: status, size: uint32(len(c.Addrs)), from: uint32(c.Rank), need: uint32(c.Need),
-		generation: c.Generation, steps: c.Steps, length: uint64(length), job: c.Job, reason: reason,
+// quorumHandshake is the handshake of a rank of a quorum run with settings
+// c. Rank 0 announces the length of its Initial; another rank its own
+// expectation, 0 if it passed no Initial.
+func quorumHandshake(c *QuorumConfig) *handshake {
+	length := len(c.Initial)
+	return &handshake{
+		kind: &quorumHello, cfg: &c.Config, op: "join quorum", noun: "run",
+		fill: func(h *hello, _ int) {
+			h.need, h.steps, h.length = uint32(c.Need), c.Steps, uint64(length)
+		},
+		check: func(h *hello, _ int) string {
+			switch {
+			case int(h.size) != len(c.Addrs):
+				return fmt.Sprintf("%d ranks, this run has %d", h.size, len(c.Addrs))
+			case c.Rank == 0 && (h.from == 0 || int(h.from) >= len(c.Addrs)):
+				return fmt.Sprintf("rank %d is not a rank that dials rank 0", h.from)
+			case c.Rank != 0 && h.from != 0:
+				return fmt.Sprintf("answers as rank %d, expected rank 0", h.from)
+			case int(h.need) != c.Need:
+				return fmt.Sprintf("Need %d, this rank uses %d", h.need, c.Need)
+			case h.steps != c.Steps:
+				return fmt.Sprintf("Steps %d, this rank uses %d", h.steps, c.Steps)
+			case c.Rank == 0 && h.length != 0 && h.length != uint64(length):
+				return fmt.Sprintf("expects a state of %d elements, rank 0's Initial has %d", h.length, length)
+			case c.Rank != 0 && (h.length == 0 || h.length > maxQuorumLen):
+				return fmt.Sprintf("announces a state of %d elements", h.length)
+			case c.Rank != 0 && length != 0 && h.length != uint64(length):
+				return fmt.Sprintf("has a state of %d elements, this rank's Initial has %d", h.length, length)
+			}
+			return ""
+		},
 	}
-}
-
-func (h *qhello) marshal() []byte {
-	if len(h.reason) > maxReason {
-		h.reason = h.reason[:maxReason]
-	}
-	b := make([]byte, qHelloLen+len(h.job)+len(h.reason))
-	copy(b, qHelloMagic[:])
-	le := binary.LittleEndian
-	le.PutUint16(b[4:], qHelloVers)
-	le.PutUint16(b[6:], h.status)
-	le.PutUint32(b[8:], h.size)
-	le.PutUint32(b[12:], h.from)
-	le.PutUint32(b[16:], h.need)
-	le.PutUint64(b[24:], h.generation)
-	le.PutUint64(b[32:], h.steps)
-	le.PutUint64(b[40:], h.length)
-	le.PutUint16(b[48:], uint16(len(h.job)))
-	le.PutUint16(b[50:], uint16(len(h.reason)))
-	copy(b[qHelloLen:], h.job)
-	copy(b[qHelloLen+len(h.job):], h.reason)
-	return b
-}
-
-func readQHello(r io.Reader) (qhello, error) {
-	var b [qHelloLen]byte
-	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return qhello{}, err
-	}
-	if [4]byte(b[:4]) != qHelloMagic {
-		return qhello{}, fmt.Errorf("not a quorum handshake (magic %q)", b[:4])
-	}
-	le := binary.LittleEndian
-	if v := le.Uint16(b[4:]); v != qHelloVers {
-		return qhello{}, fmt.Errorf("quorum handshake version %d, want %d", v, qHelloVers)
-	}
-	h := qhello{
-		status: le.Uint16(b[6:]), size: le.Uint32(b[8:]), from: le.Uint32(b[12:]), need: le.Uint32(b[16:]),
-		generation: le.Uint64(b[24:]), steps: le.Uint64(b[32:]), length: le.Uint64(b[40:]),
-	}
-	jl, rl := int(le.Uint16(b[48:])), int(le.Uint16(b[50:]))
-	if rl > maxReason {
-		return qhello{}, fmt.Errorf("handshake reason of %d bytes", rl)
-	}
-	rest := make([]byte, jl+rl)
-	if _, err := io.ReadFull(r, rest); err != nil {
-		return qhello{}, err
-	}
-	h.job, h.reason = string(rest[:jl]), string(rest[jl:])
-	return h, nil
-}
-
-// checkHello compares a peer's hello with this rank's settings and returns
-// why the peer does not belong to this run, or "". length is rank 0's state
-// length (at rank 0), or this rank's own expectation (0: any).
-func (c *QuorumConfig) checkHello(h qhello, length int) string {
-	switch {
-	case h.job != c.Job:
-		return fmt.Sprintf("job %q, this run's is %q", h.job, c.Job)
-	case h.generation < c.Generation:
-		return fmt.Sprintf("generation %d is stale: this run is generation %d", h.generation, c.Generation)
-	case h.generation > c.Generation:
-		return fmt.Sprintf("generation %d is newer than this run's (%d)", h.generation, c.Generation)
-	case int(h.size) != len(c.Addrs):
-		return fmt.Sprintf("%d ranks, this run has %d", h.size, len(c.Addrs))
-	case c.Rank == 0 && (h.from == 0 || int(h.from) >= len(c.Addrs)):
-		return fmt.Sprintf("rank %d is not a rank that dials rank 0", h.from)
-	case c.Rank != 0 && h.from != 0:
-		return fmt.Sprintf("answers as rank %d, expected rank 0", h.from)
-	case int(h.need) != c.Need:
-		return fmt.Sprintf("Need %d, this rank uses %d", h.need, c.Need)
-	case h.steps != c.Steps:
-		return fmt.Sprintf("Steps %d, this rank uses %d", h.steps, c.Steps)
-	case c.Rank == 0 && h.length != 0 && h.length != uint64(length):
-		return fmt.Sprintf("expects a state of %d elements, rank 0's Initial has %d", h.length, length)
-	case c.Rank != 0 && (h.length == 0 || h.length > maxQuorumLen):
-		return fmt.Sprintf("announces a state of %d elements", h.length)
-	case c.Rank != 0 && length != 0 && h.length != uint64(length):
-		return fmt.Sprintf("has a state of %d elements, this rank's Initial has %d", h.length, length)
-	}
-	return ""
 }
 
 // --- JoinQuorum -----------------------------------------------------------
@@ -883,19 +820,12 @@ func (c *QuorumConfig) checkHello(h qhello, length int) string {
 // the run; the other ranks dial Addrs[0] and return once rank 0 has started
 // the run. Every rank must join within JoinTimeout, as for Join.
 func JoinQuorum(ctx context.Context, cfg QuorumConfig) (*Quorum, error) {
-	ln := cfg.Listener
 	cfg, err := cfg.withDefaults()
+	// Only rank 0 of a run of several ranks listens.
+	ln := cfg.takeListener(err == nil && cfg.Rank == 0 && len(cfg.Addrs) > 1)
 	if err != nil {
-		if ln != nil {
-			ln.Close()
-		}
 		return nil, err
 	}
-	if ln != nil && (cfg.Rank != 0 || len(cfg.Addrs) == 1) {
-		ln.Close() // only rank 0 of a run of several ranks listens
-		ln = nil
-	}
-	cfg.Listener = nil
 	ctx, cancel := context.WithTimeoutCause(ctx, cfg.JoinTimeout, ErrJoinTimeout)
 	defer cancel()
 	q := &Quorum{cfg: cfg}
@@ -915,99 +845,26 @@ func JoinQuorum(ctx context.Context, cfg QuorumConfig) (*Quorum, error) {
 	return q, nil
 }
 
-// joinErr is the error of a join that ctx ended, and its gist for the
-// abort frame rank 0 sends to the ranks that did join.
-func joinErr(ctx context.Context, rank int, cfg *QuorumConfig, missing, notes []string) (gist string, err error) {
-	why := ""
-	if len(notes) > 0 {
-		why = "; " + strings.Join(notes, "; ")
-	}
-	what := "no handshake with rank 0"
-	if rank == 0 {
-		what = "no handshake with rank(s) " + strings.Join(missing, ",")
-	}
-	if cause := context.Cause(ctx); !errors.Is(cause, ErrJoinTimeout) {
-		return fmt.Sprintf("%v (%s)", cause, what),
-			fmt.Errorf("collective: join quorum rank %d: %w (%s%s)", rank, cause, what, why)
-	}
-	return fmt.Sprintf("%s within its JoinTimeout (%s)", what, cfg.JoinTimeout),
-		fmt.Errorf("collective: join quorum rank %d generation %d: %w after %s: %s%s",
-			rank, cfg.Generation, ErrJoinTimeout, cfg.JoinTimeout, what, why)
-}
-
-// dial connects a rank > 0 to rank 0, retrying while rank 0 is not
-// listening yet or is still in an older generation, and waits for the start.
+// dial connects a rank > 0 to rank 0 and waits for the start.
 func (q *Quorum) dial(ctx context.Context) error {
-	cfg := &q.cfg
-	me, addr := cfg.Rank, cfg.Addrs[0]
-	backoff := 5 * time.Millisecond
-	var notes []string
-	note := func(s string) {
-		if len(notes) < 8 {
-			notes = append(notes, s)
-		}
-	}
-	var d net.Dialer
-	for {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			var reason string
-			var retry bool
-			reason, retry, err = q.dialHandshake(ctx, c)
-			if err == nil && reason == "" {
-				q.qc = &qconn{conn: c}
-				return q.awaitStart(ctx)
-			}
-			c.Close()
-			if reason != "" && !retry {
-				return fmt.Errorf("collective: join quorum rank %d: %w: %s", me, ErrRefused, reason)
-			}
-			if reason != "" {
-				note(reason)
-			} else {
-				note(fmt.Sprintf("handshake with rank 0 at %s: %v", addr, err))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			_, err := joinErr(ctx, me, cfg, nil, notes)
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 200*time.Millisecond)
-	}
-}
-
-func (q *Quorum) dialHandshake(ctx context.Context, c net.Conn) (reason string, retry bool, err error) {
-	d := time.Now().Add(q.cfg.Timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
-	c.SetDeadline(d)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	h := q.cfg.hello(statusOK, len(q.cfg.Initial), "")
-	if _, err := c.Write(h.marshal()); err != nil {
-		return "", false, err
-	}
-	r, err := readQHello(c)
+	hs := quorumHandshake(&q.cfg)
+	var notes notes
+	c, h, err := hs.dial(ctx, 0, notes.add)
 	if err != nil {
-		return "", false, err
+		return err
 	}
-	if r.status != statusOK {
-		// A rank 0 still in an older generation may be about to rejoin.
-		return r.reason, r.generation < q.cfg.Generation, nil
+	if c == nil {
+		_, err := joinErr(ctx, hs, "no handshake with rank 0", notes.get())
+		return err
 	}
-	if why := q.cfg.checkHello(r, len(q.cfg.Initial)); why != "" {
-		return fmt.Sprintf("rank %d refused rank 0 at %s: %s", q.cfg.Rank, q.cfg.Addrs[0], why), false, nil
-	}
-	q.length = int(r.length)
-	return "", false, nil
+	q.qc = &qconn{conn: c}
+	q.length = int(h.length)
+	return q.awaitStart(ctx, hs)
 }
 
 // awaitStart waits, within the join's deadline, for rank 0 to start the run
 // once every rank has joined.
-func (q *Quorum) awaitStart(ctx context.Context) error {
+func (q *Quorum) awaitStart(ctx context.Context, hs *handshake) error {
 	qc := q.qc
 	d, _ := ctx.Deadline() // JoinQuorum always sets one
 	stop := watchConn(ctx, qc.conn)
@@ -1026,7 +883,7 @@ func (q *Quorum) awaitStart(ctx context.Context) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			qc.conn.Close()
-			_, err := joinErr(ctx, q.cfg.Rank, &q.cfg, nil, []string{"connected, but rank 0 did not start the run"})
+			_, err := joinErr(ctx, hs, "no handshake with rank 0", []string{"connected, but rank 0 did not start the run"})
 			return err
 		}
 		return fail(&PeerError{Rank: q.cfg.Rank, Op: "join quorum", Peer: 0, Kind: ErrPeerFailed, Err: err, What: describeIOErr(err, q.cfg.Timeout)})
@@ -1041,91 +898,28 @@ func (q *Quorum) awaitStart(ctx context.Context) error {
 }
 
 // accept is rank 0's side of the join: it returns the connection of every
-// other rank, indexed by rank, after writing the start frame to each.
+// other rank, indexed by rank, after writing the start frame to each. If
+// the join fails, the ranks that joined get an abort frame saying why.
 func (q *Quorum) accept(ctx context.Context, ln net.Listener) ([]*qconn, error) {
 	cfg := &q.cfg
-	n := len(cfg.Addrs)
-	conns := make([]*qconn, n)
-	if n == 1 {
+	conns := make([]*qconn, len(cfg.Addrs))
+	if len(conns) == 1 {
 		return conns, nil
 	}
-	if ln == nil {
-		var err error
-		if ln, err = net.Listen("tcp", cfg.Addrs[0]); err != nil {
-			return nil, fmt.Errorf("collective: join quorum rank 0: listen on %s: %w", cfg.Addrs[0], err)
+	hs := quorumHandshake(cfg)
+	ln, err := hs.listen(ln)
+	if err != nil {
+		return nil, err
+	}
+	j := newJoiner(ctx, hs, ln)
+	j.accept()
+	joined, gist, fatal := j.wait()
+	j.stop()
+	for r, c := range joined {
+		if c != nil {
+			conns[r] = &qconn{conn: c}
 		}
 	}
-	type result struct {
-		rank int
-		conn net.Conn
-	}
-	// actx ends the handshakes still in flight once the join is decided.
-	actx, acancel := context.WithCancel(ctx)
-	defer acancel()
-	results := make(chan result, n)
-	var wg sync.WaitGroup
-	var mu sync.Mutex // guards seen and notes
-	seen := make(map[int]bool)
-	var notes []string
-	deliver := func(r result) {
-		select {
-		case results <- r:
-		case <-actx.Done():
-			r.conn.Close()
-		}
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return // closed when the join ends
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				stop := context.AfterFunc(actx, func() { c.Close() })
-				rank, reason := q.acceptOne(actx, c, &mu, seen)
-				if reason != "" {
-					mu.Lock()
-					if len(notes) < 8 {
-						notes = append(notes, fmt.Sprintf("refused %s: %s", c.RemoteAddr(), reason))
-					}
-					mu.Unlock()
-					c.Close()
-					stop()
-					return
-				}
-				if !stop() {
-					c.Close()
-					return
-				}
-				deliver(result{rank: rank, conn: c})
-			}()
-		}
-	}()
-	var fatal error
-	var gist string // fatal's text for the ranks that joined
-	for got := 0; got < n-1 && fatal == nil; {
-		select {
-		case r := <-results:
-			conns[r.rank] = &qconn{conn: r.conn}
-			got++
-		case <-ctx.Done():
-			var missing []string
-			for p := 1; p < n; p++ {
-				if conns[p] == nil {
-					missing = append(missing, fmt.Sprint(p))
-				}
-			}
-			mu.Lock()
-			gist, fatal = joinErr(ctx, 0, cfg, missing, notes)
-			mu.Unlock()
-		}
-	}
-	acancel()
-	ln.Close()
 	// Deadline for the start frame (or the abort): the join's own
 	// deadline may be over already.
 	d := time.Now().Add(q.abortWait())
@@ -1142,11 +936,6 @@ func (q *Quorum) accept(ctx context.Context, ln net.Listener) ([]*qconn, error) 
 			}
 		}
 	}
-	wg.Wait()
-	close(results)
-	for r := range results { // joined just as the join failed
-		r.conn.Close()
-	}
 	if fatal != nil {
 		for _, c := range conns {
 			if c != nil {
@@ -1162,42 +951,6 @@ func (q *Quorum) accept(ctx context.Context, ln net.Listener) ([]*qconn, error) 
 		}
 	}
 	return conns, nil
-}
-
-func (q *Quorum) acceptOne(ctx context.Context, c net.Conn, mu *sync.Mutex, seen map[int]bool) (int, string) {
-	cfg := &q.cfg
-	d := time.Now().Add(cfg.Timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
-	c.SetDeadline(d)
-	h, err := readQHello(c)
-	if err != nil {
-		return 0, fmt.Sprintf("bad handshake: %v", err)
-	}
-	reason := cfg.checkHello(h, q.length)
-	if reason == "" {
-		mu.Lock()
-		if seen[int(h.from)] {
-			reason = fmt.Sprintf("rank %d is already connected", h.from)
-		} else {
-			seen[int(h.from)] = true
-		}
-		mu.Unlock()
-	}
-	status := uint16(statusOK)
-	if reason != "" {
-		status = statusRefuse
-		reason = fmt.Sprintf("rank 0 (%s) refused rank %d: %s", cfg.Addrs[0], h.from, reason)
-	}
-	reply := cfg.hello(status, q.length, reason)
-	if _, err := c.Write(reply.marshal()); err != nil && reason == "" {
-		mu.Lock()
-		delete(seen, int(h.from))
-		mu.Unlock()
-		return 0, fmt.Sprintf("rank %d: writing handshake reply: %v", h.from, err)
-	}
-	return int(h.from), reason
 }
 
 // --- the coordinator (rank 0) ---------------------------------------------

@@ -242,7 +242,7 @@ func checkNoQuorumGoroutines(t *testing.T) {
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		leaked := false
 		for g := range strings.SplitSeq(stacks, "\n\n") {
-			if strings.Contains(g, "collective.(*coord)") || strings.Contains(g, "collective.(*Quorum)") {
+			if strings.Contains(g, "collective.(*coord)") || strings.Contains(g, "collective.(*Quorum)") || strings.Contains(g, "collective.(*joiner)") {
 				leaked = true
 			}
 		}
@@ -641,7 +641,8 @@ func fakeCoordinator(t *testing.T, ln net.Listener, cfg QuorumConfig) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Rank = 0
+	cfg.Rank, cfg.Initial = 0, make([]float32, qLen)
+	hs := quorumHandshake(&cfg)
 	done := make(chan struct{})
 	t.Cleanup(func() { <-done })
 	go func() {
@@ -652,11 +653,11 @@ func fakeCoordinator(t *testing.T, ln net.Listener, cfg QuorumConfig) {
 			return
 		}
 		defer c.Close()
-		if _, err := readQHello(c); err != nil {
+		if _, err := quorumHello.read(c); err != nil {
 			return
 		}
-		reply := cfg.hello(statusOK, qLen, "")
-		c.Write(reply.marshal())
+		reply := hs.hello(1, statusOK, "")
+		c.Write(quorumHello.marshal(&reply))
 		qc := &qconn{conn: c}
 		qc.write(context.Background(), time.Now().Add(time.Second), qheader{typ: qStart}, nil, "")
 		buf := make([]byte, 4096)

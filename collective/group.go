@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -202,16 +201,8 @@ func (g *Group) scratchFloats(n int) []float32 {
 //	48 Job bytes, then reason bytes (refusals only)
 var groupHello = helloKind{
 	name: "collective", magic: [4]byte{'R', 'P', 'S', 'C'}, length: 48, lens: 42,
-	put: func(b []byte, h *hello) {
-		le := binary.LittleEndian
-		le.PutUint32(b[16:], h.to)
-		le.PutUint32(b[20:], h.chunkBytes)
-		le.PutUint64(b[32:], uint64(h.smallBytes))
-		b[40] = h.algorithm
-	},
-	get: func(b []byte, h *hello) {
-		le := binary.LittleEndian
-		h.to, h.chunkBytes, h.smallBytes, h.algorithm = le.Uint32(b[16:]), le.Uint32(b[20:]), int64(le.Uint64(b[32:])), b[40]
+	fields: func(h *hello) []helloField {
+		return []helloField{{16, &h.to}, {20, &h.chunkBytes}, {32, &h.smallBytes}, {40, &h.algorithm}}
 	},
 }
 

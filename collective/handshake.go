@@ -65,10 +65,53 @@ type helloKind struct {
 	magic  [4]byte // tells the kinds (and strays) apart
 	length int     // of the fixed part
 	lens   int     // offset of the uint16s len(Job) and len(reason)
-	// put and get encode the kind's own fields into and out of the fixed
-	// part.
-	put func(b []byte, h *hello)
-	get func(b []byte, h *hello)
+	// fields places the kind's own fields of h in the fixed part. Both
+	// marshal and read go by it, so they cannot disagree.
+	fields func(h *hello) []helloField
+}
+
+// helloField is one field of a hello and its offset in the fixed part.
+type helloField struct {
+	off int
+	ptr any // *uint8, *uint32, *uint64 or *int64, into a hello
+}
+
+// put encodes the kind's own fields of h into b.
+func (k *helloKind) put(b []byte, h *hello) {
+	le := binary.LittleEndian
+	for _, f := range k.fields(h) {
+		switch p := f.ptr.(type) {
+		case *uint8:
+			b[f.off] = *p
+		case *uint32:
+			le.PutUint32(b[f.off:], *p)
+		case *uint64:
+			le.PutUint64(b[f.off:], *p)
+		case *int64:
+			le.PutUint64(b[f.off:], uint64(*p))
+		default:
+			panic(fmt.Sprintf("collective: %s hello field of type %T", k.name, p))
+		}
+	}
+}
+
+// get decodes the kind's own fields of h from b.
+func (k *helloKind) get(b []byte, h *hello) {
+	le := binary.LittleEndian
+	for _, f := range k.fields(h) {
+		switch p := f.ptr.(type) {
+		case *uint8:
+			*p = b[f.off]
+		case *uint32:
+			*p = le.Uint32(b[f.off:])
+		case *uint64:
+			*p = le.Uint64(b[f.off:])
+		case *int64:
+			*p = int64(le.Uint64(b[f.off:]))
+		default:
+			panic(fmt.Sprintf("collective: %s hello field of type %T", k.name, p))
+		}
+	}
 }
 
 func (k *helloKind) marshal(h *hello) []byte {

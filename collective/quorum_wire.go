@@ -261,14 +261,7 @@ func describeIOErr(err error, timeout time.Duration) string {
 //	52 uint32  0
 var quorumHello = helloKind{
 	name: "quorum", magic: [4]byte{'R', 'P', 'S', 'Q'}, length: 56, lens: 48,
-	put: func(b []byte, h *hello) {
-		le := binary.LittleEndian
-		le.PutUint32(b[16:], h.need)
-		le.PutUint64(b[32:], h.steps)
-		le.PutUint64(b[40:], h.length)
-	},
-	get: func(b []byte, h *hello) {
-		le := binary.LittleEndian
-		h.need, h.steps, h.length = le.Uint32(b[16:]), le.Uint64(b[32:]), le.Uint64(b[40:])
+	fields: func(h *hello) []helloField {
+		return []helloField{{16, &h.need}, {32, &h.steps}, {40, &h.length}}
 	},
 }

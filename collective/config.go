@@ -86,6 +86,19 @@ type Config struct {
 	Listener net.Listener
 }
 
+// takeListener takes Listener out of c for the join, which owns it. If the
+// join will not listen (a config error, a group of one, a quorum rank other
+// than 0), it closes the listener and returns nil.
+func (c *Config) takeListener(listen bool) net.Listener {
+	ln := c.Listener
+	c.Listener = nil
+	if ln != nil && !listen {
+		ln.Close()
+		return nil
+	}
+	return ln
+}
+
 // withDefaults returns a copy of c with zero values filled in, or an error
 // naming the offending field.
 func (c Config) withDefaults() (Config, error) {

@@ -103,9 +103,11 @@
 //
 // A peer with another job, generation, group size, rank or algorithm
 // settings is refused. A dialer refused by a peer of an older generation
-// retries until JoinTimeout (that peer may be about to rejoin); any other
-// refusal fails Join at once with ErrRefused. The acceptor refuses strays
-// and goes on waiting; if Join times out, its error lists the refusals.
+// retries until JoinTimeout (that peer may be about to rejoin), and so does
+// one whose handshake broke off (the reply never came); any other refusal
+// fails Join at once with ErrRefused. The acceptor refuses strays and goes
+// on waiting; if Join times out, its error lists the first eight refusals
+// and broken handshakes.
 //
 // Data frames. Each message of an operation is a 16-byte header and a
 // payload of float32s in little-endian order (IEEE 754 bits; on
@@ -161,8 +163,8 @@
 // an accepted Submit, Next before Done) fails with ErrConfig and changes
 // nothing.
 //
-// Quorum wire format. The handshake is like the group's, with magic "RPSQ"
-// and these fields: N, sender's rank, Need, Generation, Steps and the state
+// Quorum wire format. The handshake is the group's (the same code, with
+// the same retries and refusals), with magic "RPSQ" and these fields: N, sender's rank, Need, Generation, Steps and the state
 // length (rank 0's answer carries len(Initial); a rank may send 0 for "any");
 // a rank whose values differ is refused. Then every message is a 16-byte
 // header and a payload:

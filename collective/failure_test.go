@@ -158,25 +158,15 @@ func TestBusy(t *testing.T) {
 func joinPair(t *testing.T, mod0, mod1 func(*Config)) (err0, err1 error) {
 	t.Helper()
 	lns, addrs := listeners(t, 2)
-	mods := []func(*Config){mod0, mod1}
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		cfg := Config{Rank: r, Addrs: addrs, Job: "j", Generation: 5, Listener: lns[r], JoinTimeout: time.Second, Timeout: time.Second}
-		if mods[r] != nil {
-			mods[r](&cfg)
+	cfgs := make([]Config, 2)
+	for r, mod := range []func(*Config){mod0, mod1} {
+		cfgs[r] = Config{Rank: r, Addrs: addrs, Job: "j", Generation: 5, Listener: lns[r], JoinTimeout: time.Second, Timeout: time.Second}
+		if mod != nil {
+			mod(&cfgs[r])
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g, err := Join(context.Background(), cfg)
-			if g != nil {
-				g.Close()
-			}
-			errs[r] = err
-		}()
 	}
-	wg.Wait()
+	gs, errs := joinEach(cfgs, Join)
+	closeAll(gs)
 	return errs[0], errs[1]
 }
 
@@ -268,20 +258,12 @@ func TestStrayConnection(t *testing.T) {
 	}
 	c.Write([]byte("GET / HTTP/1.0\r\n\r\n...................................."))
 	defer c.Close()
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g, err := Join(context.Background(), Config{Rank: r, Addrs: addrs, Listener: lns[r], JoinTimeout: 5 * time.Second})
-			if err == nil {
-				err = g.Barrier(context.Background())
-				g.Close()
-			}
-			errs[r] = err
-		}()
-	}
-	wg.Wait()
-	noErrors(t, errs)
+	noErrors(t, eachRank(2, func(r int) error {
+		g, err := Join(context.Background(), Config{Rank: r, Addrs: addrs, Listener: lns[r], JoinTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		return g.Barrier(context.Background())
+	}))
 }

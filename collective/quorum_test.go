@@ -162,37 +162,26 @@ func joinQuorum(t *testing.T, n, need int, steps uint64, mod func(*QuorumConfig)
 	lns, addrs := listeners(t, 1)
 	all := make([]string, n)
 	all[0] = addrs[0]
-	qs := make([]*Quorum, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		cfg := QuorumConfig{
+	cfgs := make([]QuorumConfig, n)
+	for r := range cfgs {
+		cfgs[r] = QuorumConfig{
 			Config: Config{Rank: r, Addrs: all, Job: "q", Generation: 1, Timeout: time.Second, JoinTimeout: 5 * time.Second},
 			Need:   need, Steps: steps,
 		}
 		if r == 0 {
-			cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
+			cfgs[r].Listener, cfgs[r].Initial, cfgs[r].Update = lns[0], qInitial(), sgd
 		}
 		if mod != nil {
-			mod(&cfg)
+			mod(&cfgs[r])
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			qs[r], errs[r] = JoinQuorum(context.Background(), cfg)
-		}()
 	}
-	wg.Wait()
+	qs, errs := joinEach(cfgs, JoinQuorum)
+	t.Cleanup(func() { closeAll(qs) })
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("join rank %d: %v", r, err)
 		}
 	}
-	t.Cleanup(func() {
-		for _, q := range qs {
-			q.Close()
-		}
-	})
 	return qs
 }
 
@@ -242,7 +231,7 @@ func checkNoQuorumGoroutines(t *testing.T) {
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		leaked := false
 		for g := range strings.SplitSeq(stacks, "\n\n") {
-			if strings.Contains(g, "collective.(*coord)") || strings.Contains(g, "collective.(*Quorum)") {
+			if strings.Contains(g, "collective.(*coord)") || strings.Contains(g, "collective.(*Quorum)") || strings.Contains(g, "collective.(*joiner)") {
 				leaked = true
 			}
 		}
@@ -641,7 +630,8 @@ func fakeCoordinator(t *testing.T, ln net.Listener, cfg QuorumConfig) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Rank = 0
+	cfg.Rank, cfg.Initial = 0, make([]float32, qLen)
+	hs := quorumHandshake(&cfg)
 	done := make(chan struct{})
 	t.Cleanup(func() { <-done })
 	go func() {
@@ -652,11 +642,11 @@ func fakeCoordinator(t *testing.T, ln net.Listener, cfg QuorumConfig) {
 			return
 		}
 		defer c.Close()
-		if _, err := readQHello(c); err != nil {
+		if _, err := quorumHello.read(c); err != nil {
 			return
 		}
-		reply := cfg.hello(statusOK, qLen, "")
-		c.Write(reply.marshal())
+		reply := hs.hello(1, statusOK, "")
+		c.Write(quorumHello.marshal(&reply))
 		qc := &qconn{conn: c}
 		qc.write(context.Background(), time.Now().Add(time.Second), qheader{typ: qStart}, nil, "")
 		buf := make([]byte, 4096)
@@ -893,26 +883,14 @@ func TestQuorumJoinRefused(t *testing.T) {
 			t.Parallel()
 			lns, addrs := listeners(t, 1)
 			all := []string{addrs[0], ""}
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			for r := range 2 {
-				cfg := QuorumConfig{Config: Config{Rank: r, Addrs: all, Job: "q", JoinTimeout: 500 * time.Millisecond}, Need: 2, Steps: 3}
-				if r == 0 {
-					cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
-				} else {
-					tc.mod(&cfg)
-				}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					q, err := JoinQuorum(context.Background(), cfg)
-					if q != nil {
-						q.Close()
-					}
-					errs[r] = err
-				}()
+			cfgs := make([]QuorumConfig, 2)
+			for r := range cfgs {
+				cfgs[r] = QuorumConfig{Config: Config{Rank: r, Addrs: all, Job: "q", JoinTimeout: 500 * time.Millisecond}, Need: 2, Steps: 3}
 			}
-			wg.Wait()
+			cfgs[0].Listener, cfgs[0].Initial, cfgs[0].Update = lns[0], qInitial(), sgd
+			tc.mod(&cfgs[1])
+			qs, errs := joinEach(cfgs, JoinQuorum)
+			closeAll(qs)
 			if !errors.Is(errs[1], ErrRefused) || !strings.Contains(errs[1].Error(), tc.want) {
 				t.Errorf("rank 1: %v, want ErrRefused mentioning %q", errs[1], tc.want)
 			}
@@ -928,25 +906,20 @@ func TestQuorumJoinRefused(t *testing.T) {
 func TestQuorumJoinTimeout(t *testing.T) {
 	lns, addrs := listeners(t, 1)
 	all := []string{addrs[0], "", ""}
-	errs := make([]error, 2)
-	took := make([]time.Duration, 2)
-	var wg sync.WaitGroup
-	for r := range 2 { // rank 2 never comes
-		cfg := QuorumConfig{Config: Config{Rank: r, Addrs: all, JoinTimeout: 300 * time.Millisecond}, Need: 2, Steps: 3}
-		if r == 0 {
-			cfg.Listener, cfg.Initial, cfg.Update = lns[0], qInitial(), sgd
-		} else {
-			cfg.JoinTimeout = 10 * time.Second
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start := time.Now()
-			_, errs[r] = JoinQuorum(context.Background(), cfg)
-			took[r] = time.Since(start)
-		}()
+	cfgs := make([]QuorumConfig, 2) // rank 2 never comes
+	for r := range cfgs {
+		cfgs[r] = QuorumConfig{Config: Config{Rank: r, Addrs: all, JoinTimeout: 300 * time.Millisecond}, Need: 2, Steps: 3}
 	}
-	wg.Wait()
+	cfgs[0].Listener, cfgs[0].Initial, cfgs[0].Update = lns[0], qInitial(), sgd
+	cfgs[1].JoinTimeout = 10 * time.Second
+	took, errs := joinEach(cfgs, func(ctx context.Context, cfg QuorumConfig) (time.Duration, error) {
+		start := time.Now()
+		q, err := JoinQuorum(ctx, cfg)
+		if q != nil {
+			q.Close()
+		}
+		return time.Since(start), err
+	})
 	for r, err := range errs {
 		t.Logf("rank %d after %s: %v", r, took[r].Round(time.Millisecond), err)
 		if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "rank(s) 2") {

@@ -104,13 +104,7 @@ type opState struct {
 	tot  uint32
 }
 
-func (s *opState) deadline() time.Time {
-	d := time.Now().Add(s.g.cfg.Timeout)
-	if cd, ok := s.ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
-	return d
-}
+func (s *opState) deadline() time.Time { return ioDeadline(s.ctx, s.g.cfg.Timeout) }
 
 // send writes one frame with payload f to p.
 func (s *opState) send(p *peer, step int, f []float32) error {

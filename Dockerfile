@@ -10,8 +10,9 @@ COPY raftps /raftps
 COPY --chown=65532:65532 data /data
 USER 65532:65532
 VOLUME /data
-# gRPC (clients and Raft), HTTP (/healthz, /debug/pprof), memberlist gossip
-# (gRPC port + 1000, TCP and UDP).
-EXPOSE 7001/tcp 7101/tcp 8001/tcp 8001/udp
+# The client API, HTTP (/healthz, /debug/pprof), memberlist gossip (client
+# port + 1000, TCP and UDP) and the peer API (client port + 2000: Raft,
+# chains, node-to-node calls).
+EXPOSE 7001/tcp 7101/tcp 8001/tcp 8001/udp 9001/tcp
 ENTRYPOINT ["/raftps"]
 CMD ["help"]

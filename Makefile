@@ -19,7 +19,7 @@ TEST_LOG    := bin/test.log
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
 PROTOC_VERSION             := 3.21.12
-PROTOS := shard/shardpb/raftps.proto replication/transportpb/transport.proto replication/chain/chainpb/chain.proto
+PROTOS := shard/shardpb/client.proto shard/shardpb/peer.proto shard/shardpb/meta.proto replication/transportpb/transport.proto replication/chain/chainpb/chain.proto
 
 .PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean image compose-up compose-down test-docker test-docker-if-engine soak
 

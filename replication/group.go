@@ -327,6 +327,10 @@ type Group struct {
 	verifyMu   sync.Mutex
 	verifyWait []verifyWaiter // reads waiting for the next leadership check
 	verifyKick chan struct{}
+	// slowChecks counts the leadership checks in a row, in this replica's
+	// current leadership, that took over half the heartbeat timeout
+	// (SlowLeader). Only verifyLoop and becomeReady write it.
+	slowChecks atomic.Int32
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -436,6 +440,7 @@ func (g *Group) becomeReady() {
 		err := g.futureError(g.raft.Apply([]byte{cmdNoop}, g.cfg.ApplyTimeout))
 		if err == nil {
 			if g.raft.State() == raft.Leader && g.raft.CurrentTerm() == term {
+				g.slowChecks.Store(0)
 				g.readyTerm.Store(term)
 			}
 			return
@@ -601,6 +606,22 @@ func (g *Group) ReadIndex(ctx context.Context) (uint64, error) {
 	return ix, nil
 }
 
+// slowLeaderChecks is how many leadership checks in a row must be slow
+// before SlowLeader says so: one slow round is a hiccup (a pause of the
+// collector, a burst of load), several are a slow machine or link.
+const slowLeaderChecks = 3
+
+// SlowLeader reports whether this replica leads and its last leadership
+// checks (the heartbeat round of every read index it serves) each took
+// more than half the heartbeat timeout. Such a leader holds on to its
+// leadership (its appends still flow, so its lease stays fresh), yet every
+// read that needs it waits: a follower's bounded-read lease needs a read
+// index in a round trip shorter than the bound, so while it leads no
+// replica can serve a tight bound at all. Its node hands leadership over.
+func (g *Group) SlowLeader() bool {
+	return g.IsLeader() && g.slowChecks.Load() >= slowLeaderChecks
+}
+
 // WaitApplied returns once this replica has applied index ix, or ctx ends.
 func (g *Group) WaitApplied(ctx context.Context, ix uint64) error {
 	return g.fsm.waitApplied(ctx, ix)
@@ -632,7 +653,15 @@ func (g *Group) verifyLoop() {
 			continue
 		}
 		term := g.raft.CurrentTerm()
+		start := time.Now()
 		err := g.confirmLeadership(term)
+		if err == nil {
+			if time.Since(start) > g.cfg.HeartbeatTimeout/2 {
+				g.slowChecks.Add(1)
+			} else {
+				g.slowChecks.Store(0)
+			}
+		}
 		for _, w := range waiting {
 			if err == nil && w.term != term {
 				w.ch <- g.notLeader() // leadership changed since the read began

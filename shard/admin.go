@@ -6,6 +6,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+	"google.golang.org/grpc/metadata"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
@@ -15,15 +18,33 @@ import (
 // reading the map, and a new table's first placement. All of them run on the
 // metadata leader (a follower forwards them: onMetaLeader).
 
-func (s *service) JoinCluster(ctx context.Context, req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
-	if req.Node.GetId() == "" || req.Node.GetAddr() == "" {
-		return nil, toStatus(fmt.Errorf("%w: joining needs the node's ID and address", ErrBadRequest))
+// forwardedFromKey is the gRPC metadata key a node sets (to its ID) on a
+// JoinCluster it forwards to the metadata leader. A node receiving such a
+// call that is not the leader (any more) refuses it with a NotLeader hint
+// instead of forwarding it again: one hop at most.
+const forwardedFromKey = "raftps-forwarded-from"
+
+// JoinCluster registers a node, on the metadata leader; a follower
+// forwards it there once. A node joining knows the cluster by the peer
+// addresses it was given (--join), any of which may be a follower.
+func (s *peerService) JoinCluster(ctx context.Context, req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
+	n := s.n
+	if nd := req.Node; nd.GetId() == "" || nd.GetAddr() == "" || nd.GetPeerAddr() == "" {
+		return nil, n.toStatus(fmt.Errorf("%w: joining needs the node's ID, client address and peer address", api.ErrBadRequest))
 	}
-	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinClusterResponse, error) {
-		return s.n.joinCluster(req)
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.JoinClusterResponse, error) {
-		return ps.JoinCluster(ctx, req)
-	})
+	if n.meta.Raft.State() == raft.Leader {
+		resp, err := n.joinCluster(req)
+		return resp, n.toStatus(err)
+	}
+	addr, _ := n.meta.Raft.LeaderWithID()
+	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(forwardedFromKey)) > 0 || addr == "" || string(addr) == n.cfg.PeerAddr {
+		return nil, n.toStatus(n.notMetaLeader())
+	}
+	ps, err := n.peerStub(string(addr))
+	if err != nil {
+		return nil, n.toStatus(n.notMetaLeader())
+	}
+	return ps.JoinCluster(metadata.AppendToOutgoingContext(ctx, forwardedFromKey, n.cfg.ID), req)
 }
 
 // joinCluster registers the node in the map and makes it a member of the
@@ -37,44 +58,42 @@ func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinCluste
 	r := n.meta.Raft
 	f := r.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, fmt.Errorf("registering node %s: %w: %v", nd.Id, ErrUnavailable, err)
+		return nil, fmt.Errorf("registering node %s: %w: %v", nd.Id, api.ErrUnavailable, err)
 	}
 	in := false
 	for _, srv := range f.Configuration().Servers {
 		if string(srv.ID) == nd.Id {
-			in = string(srv.Address) == nd.Addr
+			in = string(srv.Address) == nd.PeerAddr
 		}
 	}
 	if !in {
-		if err := r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.Addr), 0, configChangeTimeout).Error(); err != nil {
-			return nil, fmt.Errorf("registering node %s: %w: adding it to the metadata group: %v", nd.Id, ErrUnavailable, err)
+		if err := r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.PeerAddr), 0, configChangeTimeout).Error(); err != nil {
+			return nil, fmt.Errorf("registering node %s: %w: adding it to the metadata group: %v", nd.Id, api.ErrUnavailable, err)
 		}
-		n.log.Info("node joined the cluster", "node", nd.Id, "addr", nd.Addr)
+		n.log.Info("node joined the cluster", "node", nd.Id, "addr", nd.Addr, "peer-addr", nd.PeerAddr)
 	}
 	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.version()}, nil
 }
 
 func (s *service) SetNodeAdmin(ctx context.Context, req *shardpb.SetNodeAdminRequest) (*shardpb.SetNodeAdminResponse, error) {
 	if req.Id == "" {
-		return nil, toStatus(fmt.Errorf("%w: no node ID", ErrBadRequest))
+		return nil, s.n.toStatus(fmt.Errorf("%w: no node ID", api.ErrBadRequest))
 	}
 	return onMetaLeader(ctx, s.n, func() (*shardpb.SetNodeAdminResponse, error) {
 		return &shardpb.SetNodeAdminResponse{}, s.n.setNodeAdmin(req)
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.SetNodeAdminResponse, error) {
-		return ps.SetNodeAdmin(ctx, req)
-	})
+	}, &shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_SetNodeAdmin{SetNodeAdmin: req}}, (*shardpb.ForwardResponse).GetSetNodeAdmin)
 }
 
 // setNodeAdmin drains, removes or reactivates a node, refusing what would
 // leave tables without room for their replicas, or remove a live node.
 func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	if err := n.metaAuthoritative(); err != nil {
-		return fmt.Errorf("node %s: %w: %v", req.Id, ErrUnavailable, err)
+		return fmt.Errorf("node %s: %w: %v", req.Id, api.ErrUnavailable, err)
 	}
 	cm := n.metaFSM.clusterMap()
 	target := n.metaFSM.node(req.Id)
 	if target == nil {
-		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+		return fmt.Errorf("node %q: %w", req.Id, api.ErrUnknownNode)
 	}
 	if target.Admin == req.Admin {
 		return nil
@@ -82,7 +101,7 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	members := n.memberMap()
 	if req.Admin == shardpb.NodeAdmin_NODE_REMOVED {
 		if st := members[req.Id].State; st == StateAlive || st == StateSuspect {
-			return fmt.Errorf("%w: node %s is %s: drain it (raftps node drain %s), stop it, then remove it", ErrNodeConflict, req.Id, st, req.Id)
+			return fmt.Errorf("%w: node %s is %s: drain it (raftps node drain %s), stop it, then remove it", api.ErrNodeConflict, req.Id, st, req.Id)
 		}
 	}
 	if req.Admin != shardpb.NodeAdmin_NODE_ACTIVE {
@@ -94,7 +113,7 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 		}
 		for _, t := range cm.Tables {
 			if int(t.Replicas) > active {
-				return fmt.Errorf("%w: taking node %s away would leave %d active nodes for table %q's %d replicas; add a node first", ErrNodeConflict, req.Id, active, t.Name, t.Replicas)
+				return fmt.Errorf("%w: taking node %s away would leave %d active nodes for table %q's %d replicas; add a node first", api.ErrNodeConflict, req.Id, active, t.Name, t.Replicas)
 			}
 		}
 	}
@@ -105,15 +124,18 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	return err
 }
 
-func (s *service) GetClusterMap(ctx context.Context, _ *shardpb.GetClusterMapRequest) (*shardpb.ClusterMap, error) {
-	return onMetaLeader(ctx, s.n, func() (*shardpb.ClusterMap, error) {
-		if err := s.n.metaAuthoritative(); err != nil {
-			return nil, fmt.Errorf("cluster map: %w: node %s %v", ErrUnavailable, s.n.cfg.ID, err)
-		}
-		return s.n.metaFSM.clusterMap(), nil
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.ClusterMap, error) {
-		return ps.GetClusterMap(ctx, &shardpb.GetClusterMapRequest{})
-	})
+func (s *service) GetClusterMap(ctx context.Context, req *shardpb.GetClusterMapRequest) (*shardpb.ClusterMap, error) {
+	return onMetaLeader(ctx, s.n, s.n.authoritativeMap,
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_GetClusterMap{GetClusterMap: req}}, (*shardpb.ForwardResponse).GetClusterMap)
+}
+
+// authoritativeMap is the cluster map as the metadata leader has it once
+// it applied everything committed before the call.
+func (n *Node) authoritativeMap() (*shardpb.ClusterMap, error) {
+	if err := n.metaAuthoritative(); err != nil {
+		return nil, fmt.Errorf("cluster map: %w: node %s %v", api.ErrUnavailable, n.cfg.ID, err)
+	}
+	return n.metaFSM.clusterMap(), nil
 }
 
 // initialPlacement places a new table's shards on the live active nodes,

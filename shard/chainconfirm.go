@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -92,7 +94,7 @@ func (c *coalescer[Q, A]) do(ctx context.Context, q Q, spawn func(func()) bool) 
 		if !spawn(func() { c.loop(r) }) {
 			c.running = false
 			c.mu.Unlock()
-			return zero, time.Time{}, fmt.Errorf("%w: node is closing", ErrUnavailable)
+			return zero, time.Time{}, fmt.Errorf("%w: node is closing", api.ErrUnavailable)
 		}
 	}
 	c.mu.Unlock()
@@ -210,13 +212,13 @@ func (n *Node) runMetaVerify([]struct{}) (map[struct{}]struct{}, error) {
 
 // ConfirmChains answers a chain member's question (chainconfirm.go): the
 // current epoch of each chain, on the metadata leader's word.
-func (s *service) ConfirmChains(ctx context.Context, req *shardpb.ConfirmChainsRequest) (*shardpb.ConfirmChainsResponse, error) {
+func (s *peerService) ConfirmChains(ctx context.Context, req *shardpb.ConfirmChainsRequest) (*shardpb.ConfirmChainsResponse, error) {
 	if len(req.Groups) > maxConfirmGroups {
-		return nil, toStatus(fmt.Errorf("%w: %d chains in one ConfirmChains (at most %d)", ErrBadRequest, len(req.Groups), maxConfirmGroups))
+		return nil, s.n.toStatus(fmt.Errorf("%w: %d chains in one ConfirmChains (at most %d)", api.ErrBadRequest, len(req.Groups), maxConfirmGroups))
 	}
 	epochs, err := s.n.localChainEpochs(ctx, req.Groups)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.ConfirmChainsResponse{Epochs: epochs}, nil
 }
@@ -227,7 +229,7 @@ func (s *service) ConfirmChains(ctx context.Context, req *shardpb.ConfirmChainsR
 func (n *Node) localChainEpochs(ctx context.Context, groups []string) ([]uint64, error) {
 	if err := n.metaReadIndex(ctx); err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w: confirming chain epochs: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: confirming chain epochs: %w", api.ErrUnavailable, err)
 		}
 		return nil, n.notMetaLeader()
 	}
@@ -266,7 +268,7 @@ func newChainConfirmer(n *Node) *chainConfirmer {
 
 // confirm returns nil if the metadata group's epoch of chain group, at a
 // moment after the call (or, with within > 0, after now − within), was
-// epoch; ErrUnavailable otherwise.
+// epoch; api.ErrUnavailable otherwise.
 func (c *chainConfirmer) confirm(ctx context.Context, group string, epoch uint64, within time.Duration) error {
 	if within > 0 {
 		c.mu.Lock()
@@ -278,7 +280,7 @@ func (c *chainConfirmer) confirm(ctx context.Context, group string, epoch uint64
 	}
 	got, sent, err := c.asks.do(ctx, group, c.n.spawn)
 	if err != nil {
-		return fmt.Errorf("chain %s: %w: cannot confirm epoch %d with the metadata leader: %w", group, ErrUnavailable, epoch, err)
+		return fmt.Errorf("chain %s: %w: cannot confirm epoch %d with the metadata leader: %w", group, api.ErrUnavailable, epoch, err)
 	}
 	c.mu.Lock()
 	if l, ok := c.last[group]; !ok || l.sent.Before(sent) {
@@ -287,7 +289,7 @@ func (c *chainConfirmer) confirm(ctx context.Context, group string, epoch uint64
 	c.mu.Unlock()
 	if got != epoch {
 		c.n.kickReconcile()
-		return fmt.Errorf("chain %s: %w: this member is in epoch %d but the metadata group is at epoch %d", group, ErrUnavailable, epoch, got)
+		return fmt.Errorf("chain %s: %w: this member is in epoch %d but the metadata group is at epoch %d", group, api.ErrUnavailable, epoch, got)
 	}
 	return nil
 }
@@ -309,7 +311,7 @@ func (n *Node) chainEpochs(groups []string) (map[string]uint64, error) {
 	err := n.atMetaLeader(func() (err error) {
 		epochs, err = n.localChainEpochs(ctx, groups)
 		return err
-	}, func(ps shardpb.ParameterServerClient, addr raft.ServerAddress) error {
+	}, func(ps shardpb.PeerClient, addr raft.ServerAddress) error {
 		resp, err := ps.ConfirmChains(ctx, &shardpb.ConfirmChainsRequest{Groups: groups})
 		if err != nil {
 			return fmt.Errorf("asking metadata leader %s: %w", addr, err)
@@ -331,12 +333,12 @@ func (n *Node) chainEpochs(groups []string) (map[string]uint64, error) {
 
 // atMetaLeader runs local if this node leads the metadata group as far as
 // its replica knows, else remote with a stub of the leader it knows.
-func (n *Node) atMetaLeader(local func() error, remote func(ps shardpb.ParameterServerClient, addr raft.ServerAddress) error) error {
+func (n *Node) atMetaLeader(local func() error, remote func(ps shardpb.PeerClient, addr raft.ServerAddress) error) error {
 	addr, _ := n.meta.Raft.LeaderWithID()
 	switch addr {
 	case "":
 		return errors.New("no metadata leader is known")
-	case raft.ServerAddress(n.cfg.Addr):
+	case raft.ServerAddress(n.cfg.PeerAddr):
 		return local()
 	}
 	ps, err := n.peerStub(string(addr))
@@ -344,14 +346,4 @@ func (n *Node) atMetaLeader(local func() error, remote func(ps shardpb.Parameter
 		return err
 	}
 	return remote(ps, addr)
-}
-
-// notMetaLeader is the answer to a request only the metadata leader takes:
-// the leader this node knows, if another.
-func (n *Node) notMetaLeader() error {
-	addr, id := n.meta.Raft.LeaderWithID()
-	if string(addr) == n.cfg.Addr {
-		addr, id = "", ""
-	}
-	return &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/replication/chain"
@@ -31,7 +33,7 @@ import (
 func (n *Node) Chain(table string, shard uint32) *chain.Chain {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return n.chains[groupID(table, shard)]
+	return n.chains[api.GroupID(table, shard)]
 }
 
 // chainDir is where a chain replica keeps its log and snapshots: apart from
@@ -49,7 +51,7 @@ func (n *Node) chainDir(id string) string { return filepath.Join(n.cfg.DataDir, 
 // reconcileChain and dropped from the set.
 func (n *Node) findLeftChains() {
 	for table, sh := range replicaDirs(filepath.Join(n.cfg.DataDir, "chains")) {
-		n.leftChains[groupID(table, sh)] = time.Time{}
+		n.leftChains[api.GroupID(table, sh)] = time.Time{}
 	}
 }
 
@@ -167,7 +169,7 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 	switch {
 	case member && ch == nil:
 		delete(n.leftChains, id)
-		cfg, err := tableConfig(spec)
+		cfg, err := api.TableConfig(spec)
 		if err != nil {
 			n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
 			return
@@ -204,7 +206,7 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 
 func (n *Node) openChain(id string, cfg store.TableConfig) (*chain.Chain, error) {
 	ch, err := chain.Open(chain.Config{
-		ID: id, NodeAddr: n.cfg.Addr, Dir: n.chainDir(id), Table: cfg, Mux: n.chainMux,
+		ID: id, NodeAddr: n.cfg.PeerAddr, Dir: n.chainDir(id), Table: cfg, Mux: n.chainMux,
 		Logger: n.log.Named(id),
 	})
 	if err != nil {
@@ -250,7 +252,7 @@ func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*c
 	}
 	ch := n.Chain(spec.Name, shard)
 	if ch == nil {
-		return nil, fmt.Errorf("chain %s: %w: replica not open on node %s yet", groupID(spec.Name, shard), ErrUnavailable, n.cfg.ID)
+		return nil, fmt.Errorf("chain %s: %w: replica not open on node %s yet", api.GroupID(spec.Name, shard), api.ErrUnavailable, n.cfg.ID)
 	}
 	// A replica whose configuration is older than what the client or this
 	// node's map knows (a node just restarted from disk, or a map change
@@ -275,11 +277,11 @@ func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*c
 func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PushRequest, keys []uint64, grads []float32) (*shardpb.PushResponse, error) {
 	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	dup, err := ch.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.PushResponse{Duplicate: dup}, nil
 }
@@ -306,7 +308,7 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *shardpb.PullRequest, keys []uint64, level shardpb.Consistency, bound time.Duration) (*shardpb.PullResponse, error) {
 	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	role := roleFollower
 	if ch.Role() == chain.RoleTail {
@@ -316,11 +318,11 @@ func (s *service) chainPull(ctx context.Context, spec *shardpb.TableSpec, req *s
 	ix, err := s.n.chainRead(ctx, ch, keys, out, level, bound)
 	if err != nil {
 		s.n.served.refused(role, level)
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
 	s.n.countHot(spec, req.Shard, keys)
-	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: ix, ServedBy: roleNames[role]}, nil
+	return &shardpb.PullResponse{Values: api.ValuesBytes(out), AppliedIndex: ix, ServedBy: roleNames[role]}, nil
 }
 
 // chainRead reads keys' rows from this chain member into out at level:
@@ -344,7 +346,7 @@ func (n *Node) chainRead(ctx context.Context, ch *chain.Chain, keys []uint64, ou
 	ix, err := ch.Pull(ctx, keys, out, mode)
 	if err != nil {
 		if !errors.Is(err, replication.ErrBadRequest) && !errors.Is(err, store.ErrDimMismatch) && ctx.Err() == nil {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			err = fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 		}
 		return 0, err
 	}
@@ -356,9 +358,9 @@ func (n *Node) chainRead(ctx context.Context, ch *chain.Chain, keys []uint64, ou
 // (raftps chaos waits for each group's leader's applied index) read chains
 // alike; ChainRole has the real role.
 func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.ClusterMap, checksums bool) *shardpb.ReplicaStatus {
-	idOf := map[string]string{}
+	idOf, clientOf := map[string]string{}, map[string]string{} // by peer address
 	for _, nd := range cm.Nodes {
-		idOf[nd.Addr] = nd.Id
+		idOf[nd.PeerAddr], clientOf[nd.PeerAddr] = nd.Id, nd.Addr
 	}
 	order := ch.Order()
 	ids := make([]string, len(order))
@@ -368,7 +370,7 @@ func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.Cluste
 	role := ch.Role()
 	rs := &shardpb.ReplicaStatus{
 		Group: ch.ID(), Table: table, Shard: shard, State: "follower",
-		Replication: ReplicationChain, ChainRole: role.String(), ChainEpoch: ch.Epoch(), ChainOrder: ids,
+		Replication: api.ReplicationChain, ChainRole: role.String(), ChainEpoch: ch.Epoch(), ChainOrder: ids,
 		AppliedIndex: ch.AppliedIndex(), CommitIndex: ch.CommittedIndex(), Term: ch.Epoch(),
 		ChainCaughtUp: ch.CaughtUp(),
 	}
@@ -376,7 +378,7 @@ func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.Cluste
 		rs.State = "leader"
 	}
 	if len(order) > 0 {
-		rs.LeaderAddr, rs.LeaderId = order[0], ids[0]
+		rs.LeaderAddr, rs.LeaderId = clientOf[order[0]], ids[0]
 	}
 	rs.LastIndex = rs.AppliedIndex
 	t := ch.Table()
@@ -398,7 +400,7 @@ func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.Cluste
 func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) error {
 	err := pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
 		cm := n.metaFSM.clusterMap()
-		addrOf := nodeAddrs(cm)
+		addrOf := peerAddrs(cm)
 		want := map[string]map[string]uint64{} // node address -> group -> epoch
 		for s := range spec.Shards {
 			sm := n.metaFSM.shardMap(spec.Name, s)
@@ -421,7 +423,7 @@ func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) erro
 				return false, nil
 			}
 			for _, rs := range st.Replicas {
-				if e, ok := want[a][rs.Group]; ok && rs.Replication == ReplicationChain && rs.ChainEpoch >= e {
+				if e, ok := want[a][rs.Group]; ok && rs.Replication == api.ReplicationChain && rs.ChainEpoch >= e {
 					delete(want[a], rs.Group)
 				}
 			}
@@ -432,14 +434,15 @@ func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) erro
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("table %q: %w: its chains are not all configured: %w", spec.Name, ErrUnavailable, err)
+		return fmt.Errorf("table %q: %w: its chains are not all configured: %w", spec.Name, api.ErrUnavailable, err)
 	}
 	return nil
 }
 
-// statusOf is a node's status (this node's without a call).
+// statusOf is the status of the node at peer address addr (this node's
+// without a call).
 func (n *Node) statusOf(ctx context.Context, addr string) (*shardpb.StatusResponse, error) {
-	if addr == n.cfg.Addr {
+	if addr == n.cfg.PeerAddr {
 		return (&service{n: n}).Status(ctx, &shardpb.StatusRequest{})
 	}
 	ps, err := n.peerStub(addr)
@@ -495,12 +498,12 @@ func (b *brokenReports) has(group, node string, now time.Time) bool {
 
 // ReportBroken records a node's report of a broken chain replica (see
 // brokenReports); only the metadata leader takes it.
-func (s *service) ReportBroken(ctx context.Context, req *shardpb.ReportBrokenRequest) (*shardpb.ReportBrokenResponse, error) {
+func (s *peerService) ReportBroken(ctx context.Context, req *shardpb.ReportBrokenRequest) (*shardpb.ReportBrokenResponse, error) {
 	if req.NodeId == "" || req.Group == "" {
-		return nil, toStatus(fmt.Errorf("%w: report of a broken replica needs node_id and group", ErrBadRequest))
+		return nil, s.n.toStatus(fmt.Errorf("%w: report of a broken replica needs node_id and group", api.ErrBadRequest))
 	}
 	if err := s.n.takeBrokenReport(req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.ReportBrokenResponse{}, nil
 }
@@ -542,7 +545,7 @@ func (n *Node) reportBrokenChains() {
 
 func (n *Node) sendBrokenReport(r *shardpb.ReportBrokenRequest) error {
 	return n.atMetaLeader(func() error { return n.takeBrokenReport(r) },
-		func(ps shardpb.ParameterServerClient, _ raft.ServerAddress) error {
+		func(ps shardpb.PeerClient, _ raft.ServerAddress) error {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			_, err := ps.ReportBroken(ctx, r)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -132,18 +134,18 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 func (n *Node) chainCaughtUp(ctx context.Context, sm *shardpb.ShardMap, id string) error {
 	nd := n.metaFSM.node(id)
 	if nd == nil {
-		return fmt.Errorf("node %q: %w", id, ErrUnknownNode)
+		return fmt.Errorf("node %q: %w", id, api.ErrUnknownNode)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	st, err := n.statusOf(ctx, nd.Addr)
+	st, err := n.statusOf(ctx, nd.PeerAddr)
 	if err != nil {
 		return fmt.Errorf("chain %s: asking %s whether it can become head: %w", shardMapKey(sm), id, err)
 	}
 	for _, rs := range st.Replicas {
-		if rs.Group == shardMapKey(sm) && rs.Replication == ReplicationChain && rs.ChainEpoch == sm.Epoch && rs.ChainCaughtUp {
+		if rs.Group == shardMapKey(sm) && rs.Replication == api.ReplicationChain && rs.ChainEpoch == sm.Epoch && rs.ChainCaughtUp {
 			return nil
 		}
 	}
-	return fmt.Errorf("chain %s: %w: %s is not caught up in epoch %d, so it cannot become head yet", shardMapKey(sm), ErrUnavailable, id, sm.Epoch)
+	return fmt.Errorf("chain %s: %w: %s is not caught up in epoch %d, so it cannot become head yet", shardMapKey(sm), api.ErrUnavailable, id, sm.Epoch)
 }

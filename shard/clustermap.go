@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/protobuf/proto"
@@ -27,7 +29,7 @@ import (
 // first, and its epoch the chain's epoch: see chainsched.go for the only
 // changes the scheduler makes to a chain's order.
 
-func shardMapKey(sm *shardpb.ShardMap) string { return groupID(sm.Table, sm.Shard) }
+func shardMapKey(sm *shardpb.ShardMap) string { return api.GroupID(sm.Table, sm.Shard) }
 
 func adminName(a shardpb.NodeAdmin) string {
 	switch a {
@@ -50,7 +52,7 @@ func (m *metaFSM) applyCreateV2(arg []byte) any {
 	}
 	spec := c.Spec
 	if spec == nil || spec.Name == "" || spec.Shards == 0 || uint32(len(c.Shards)) != spec.Shards {
-		return fmt.Errorf("meta: %w: table creation with %d shard entries for %d shards", ErrBadRequest, len(c.Shards), spec.GetShards())
+		return fmt.Errorf("meta: %w: table creation with %d shard entries for %d shards", api.ErrBadRequest, len(c.Shards), spec.GetShards())
 	}
 	m.mu.Lock()
 	if _, ok := m.tables[spec.Name]; ok {
@@ -63,10 +65,10 @@ func (m *metaFSM) applyCreateV2(arg []byte) any {
 	for _, sm := range c.Shards {
 		if sm.Shard >= spec.Shards || seen[sm.Shard] {
 			m.mu.Unlock()
-			return fmt.Errorf("meta: %w: table %q: shard entry %d repeated or out of range", ErrBadRequest, spec.Name, sm.Shard)
+			return fmt.Errorf("meta: %w: table %q: shard entry %d repeated or out of range", api.ErrBadRequest, spec.Name, sm.Shard)
 		}
 		seen[sm.Shard] = true
-		if err := m.checkReplicasLocked(groupID(spec.Name, sm.Shard), sm.Replicas, ""); err != nil {
+		if err := m.checkReplicasLocked(api.GroupID(spec.Name, sm.Shard), sm.Replicas, ""); err != nil {
 			m.mu.Unlock()
 			return err
 		}
@@ -87,37 +89,38 @@ func (m *metaFSM) applyRegister(arg []byte) any {
 	if err := proto.Unmarshal(arg, nd); err != nil {
 		return fmt.Errorf("meta: decoding node: %w", err)
 	}
-	if nd.Id == "" || nd.Addr == "" {
-		return fmt.Errorf("%w: node registration needs an ID and an address", ErrBadRequest)
+	if nd.Id == "" || nd.Addr == "" || nd.PeerAddr == "" {
+		return fmt.Errorf("%w: node registration needs an ID, a client address and a peer address", api.ErrBadRequest)
 	}
 	m.mu.Lock()
 	for _, o := range m.nodes {
-		if o.Id != nd.Id && o.Addr == nd.Addr {
+		if o.Id != nd.Id && (o.Addr == nd.Addr || o.PeerAddr == nd.PeerAddr) {
 			m.mu.Unlock()
-			return fmt.Errorf("%w: node %s registers at %s, the address of node %s", ErrNodeConflict, nd.Id, nd.Addr, o.Id)
+			return fmt.Errorf("%w: node %s registers at %s (peers %s), an address of node %s (%s, peers %s)", api.ErrNodeConflict, nd.Id, nd.Addr, nd.PeerAddr, o.Id, o.Addr, o.PeerAddr)
 		}
 	}
 	old := m.nodes[nd.Id]
 	switch {
 	case old != nil && old.Admin == shardpb.NodeAdmin_NODE_REMOVED:
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s was removed from the cluster; start it with a new ID and an empty data directory", ErrNodeConflict, nd.Id)
-	case old != nil && old.Addr == nd.Addr && old.GossipAddr == nd.GossipAddr:
+		return fmt.Errorf("%w: node %s was removed from the cluster; start it with a new ID and an empty data directory", api.ErrNodeConflict, nd.Id)
+	case old != nil && old.Addr == nd.Addr && old.PeerAddr == nd.PeerAddr && old.GossipAddr == nd.GossipAddr:
 		m.mu.Unlock()
 		return old // already registered: no change
 	}
-	if old != nil && old.Addr != nd.Addr {
-		// Its shard groups know it at its old address: they would never
-		// reach it, yet gossip would show it alive, so it would never be
-		// repaired either.
+	if old != nil && old.PeerAddr != nd.PeerAddr {
+		// Its shard groups know it at its old peer address: they would
+		// never reach it, yet gossip would show it alive, so it would
+		// never be repaired either. (A new client address is harmless:
+		// clients learn it from the map.)
 		for _, sm := range sortedByName(m.shards, shardMapKey) {
 			if slices.Contains(sm.Replicas, nd.Id) || sm.Adding == nd.Id {
 				m.mu.Unlock()
-				return fmt.Errorf("%w: node %s holds a replica of %s at %s; restart it at that address, or remove it and join at %s with a new ID", ErrNodeConflict, nd.Id, shardMapKey(sm), old.Addr, nd.Addr)
+				return fmt.Errorf("%w: node %s holds a replica of %s at peer address %s; restart it at that address, or remove it and join at %s with a new ID", api.ErrNodeConflict, nd.Id, shardMapKey(sm), old.PeerAddr, nd.PeerAddr)
 			}
 		}
 	}
-	n := &shardpb.ClusterNode{Id: nd.Id, Addr: nd.Addr, GossipAddr: nd.GossipAddr}
+	n := &shardpb.ClusterNode{Id: nd.Id, Addr: nd.Addr, PeerAddr: nd.PeerAddr, GossipAddr: nd.GossipAddr}
 	if old != nil {
 		n.Admin = old.Admin
 	}
@@ -137,15 +140,15 @@ func (m *metaFSM) applySetAdmin(arg []byte) any {
 	old := m.nodes[req.Id]
 	if old == nil {
 		m.mu.Unlock()
-		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+		return fmt.Errorf("node %q: %w", req.Id, api.ErrUnknownNode)
 	}
 	if old.Admin == shardpb.NodeAdmin_NODE_REMOVED && req.Admin != shardpb.NodeAdmin_NODE_REMOVED {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", ErrNodeConflict, req.Id, adminName(req.Admin))
+		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", api.ErrNodeConflict, req.Id, adminName(req.Admin))
 	}
 	if _, ok := shardpb.NodeAdmin_name[int32(req.Admin)]; !ok {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s: admin state %d", ErrBadRequest, req.Id, req.Admin)
+		return fmt.Errorf("%w: node %s: admin state %d", api.ErrBadRequest, req.Id, req.Admin)
 	}
 	if old.Admin == req.Admin {
 		m.mu.Unlock()
@@ -170,17 +173,17 @@ func (m *metaFSM) applyForget(arg []byte) any {
 	old := m.nodes[req.Id]
 	if old == nil {
 		m.mu.Unlock()
-		return fmt.Errorf("node %q: %w", req.Id, ErrUnknownNode)
+		return fmt.Errorf("node %q: %w", req.Id, api.ErrUnknownNode)
 	}
 	if old.Admin != shardpb.NodeAdmin_NODE_REMOVED {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s is %s, not removed", ErrBadRequest, req.Id, adminName(old.Admin))
+		return fmt.Errorf("%w: node %s is %s, not removed", api.ErrBadRequest, req.Id, adminName(old.Admin))
 	}
 	// In key order, so every replica's refusal names the same shard.
 	for _, sm := range sortedByName(m.shards, shardMapKey) {
 		if slices.Contains(sm.Replicas, req.Id) || sm.Adding == req.Id {
 			m.mu.Unlock()
-			return fmt.Errorf("%w: node %s still holds a replica of %s", ErrBadRequest, req.Id, shardMapKey(sm))
+			return fmt.Errorf("%w: node %s still holds a replica of %s", api.ErrBadRequest, req.Id, shardMapKey(sm))
 		}
 	}
 	delete(m.nodes, req.Id)
@@ -194,7 +197,7 @@ func (m *metaFSM) applyForget(arg []byte) any {
 // node twice, every node known. m.mu must be held.
 func (m *metaFSM) checkReplicasLocked(key string, replicas []string, adding string) error {
 	if len(replicas) == 0 {
-		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", ErrBadRequest, key)
+		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", api.ErrBadRequest, key)
 	}
 	all := slices.Clone(replicas)
 	if adding != "" {
@@ -202,10 +205,10 @@ func (m *metaFSM) checkReplicasLocked(key string, replicas []string, adding stri
 	}
 	for i, id := range all {
 		if slices.Contains(all[:i], id) {
-			return fmt.Errorf("%w: shard %s: node %q listed twice in %v + adding %q", ErrBadRequest, key, id, replicas, adding)
+			return fmt.Errorf("%w: shard %s: node %q listed twice in %v + adding %q", api.ErrBadRequest, key, id, replicas, adding)
 		}
 		if m.nodes[id] == nil {
-			return fmt.Errorf("shard %s: node %q: %w", key, id, ErrUnknownNode)
+			return fmt.Errorf("shard %s: node %q: %w", key, id, api.ErrUnknownNode)
 		}
 	}
 	return nil
@@ -216,16 +219,16 @@ func (m *metaFSM) applySetShard(arg []byte) any {
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding shard change: %w", err)
 	}
-	key := groupID(req.Table, req.Shard)
+	key := api.GroupID(req.Table, req.Shard)
 	m.mu.Lock()
 	old := m.shards[key]
 	switch {
 	case old == nil:
 		m.mu.Unlock()
-		return fmt.Errorf("%w: shard %s is not in the cluster map", ErrUnknownShard, key)
+		return fmt.Errorf("%w: shard %s is not in the cluster map", api.ErrUnknownShard, key)
 	case old.Epoch != req.ExpectEpoch:
 		m.mu.Unlock()
-		return fmt.Errorf("shard %s: %w: epoch %d, the change was decided at %d", key, ErrEpochChanged, old.Epoch, req.ExpectEpoch)
+		return fmt.Errorf("shard %s: %w: epoch %d, the change was decided at %d", key, api.ErrEpochChanged, old.Epoch, req.ExpectEpoch)
 	}
 	if err := m.checkReplicasLocked(key, req.Replicas, req.Adding); err != nil {
 		m.mu.Unlock()
@@ -243,7 +246,7 @@ func (m *metaFSM) applySetShard(arg []byte) any {
 func (m *metaFSM) shardMap(table string, shard uint32) *shardpb.ShardMap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.shards[groupID(table, shard)]
+	return m.shards[api.GroupID(table, shard)]
 }
 
 // shardMapByID returns the entry of the shard whose group ID is id, or nil.
@@ -258,6 +261,18 @@ func (m *metaFSM) node(id string) *shardpb.ClusterNode {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.nodes[id]
+}
+
+// findNode returns a node of the map that match accepts (nil if none).
+func (m *metaFSM) findNode(match func(*shardpb.ClusterNode) bool) *shardpb.ClusterNode {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, nd := range m.nodes {
+		if match(nd) {
+			return nd
+		}
+	}
+	return nil
 }
 
 // clusterMap returns the whole map, consistent (one lock), sorted.
@@ -287,7 +302,7 @@ func (m *metaFSM) tableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*
 	out := make([]*shardpb.ShardMap, spec.Shards)
 	named := map[string]*shardpb.ClusterNode{}
 	for s := range spec.Shards {
-		sm := m.shards[groupID(spec.Name, s)]
+		sm := m.shards[api.GroupID(spec.Name, s)]
 		out[s] = sm
 		if sm == nil {
 			continue
@@ -306,11 +321,11 @@ func isReplica(sm *shardpb.ShardMap, id string) bool {
 	return sm != nil && slices.Contains(sm.Replicas, id)
 }
 
-// nodeAddrs maps each node of the map to its gRPC address.
-func nodeAddrs(cm *shardpb.ClusterMap) map[string]string {
+// peerAddrs maps each node of the map to its peer address.
+func peerAddrs(cm *shardpb.ClusterMap) map[string]string {
 	out := make(map[string]string, len(cm.Nodes))
 	for _, nd := range cm.Nodes {
-		out[nd.Id] = nd.Addr
+		out[nd.Id] = nd.PeerAddr
 	}
 	return out
 }

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/protobuf/proto"
@@ -25,8 +27,22 @@ type cmCmd struct {
 	arg proto.Message
 }
 
+// cmRegister registers node id at client address addr ("aK"), with the
+// peer address "pK" that goes with it.
 func cmRegister(id, addr, gossip string) cmCmd {
-	return cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: id, Addr: addr, GossipAddr: gossip}}
+	return cmRegisterPeer(id, addr, cmPeer(addr), gossip)
+}
+
+func cmRegisterPeer(id, addr, peer, gossip string) cmCmd {
+	return cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: id, Addr: addr, PeerAddr: peer, GossipAddr: gossip}}
+}
+
+// cmPeer is the peer address the tests give client address addr.
+func cmPeer(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return "p" + addr[1:]
 }
 
 func cmAdmin(id string, a shardpb.NodeAdmin) cmCmd {
@@ -197,8 +213,8 @@ func TestClusterMapBase(t *testing.T) {
 	want := &shardpb.ClusterMap{
 		Version: cmBaseVersion,
 		Nodes: []*shardpb.ClusterNode{
-			{Id: "n1", Addr: "a1", GossipAddr: "g1"}, {Id: "n2", Addr: "a2", GossipAddr: "g2"},
-			{Id: "n3", Addr: "a3", GossipAddr: "g3"}, {Id: "n4", Addr: "a4", GossipAddr: "g4"},
+			{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g1"}, {Id: "n2", Addr: "a2", PeerAddr: "p2", GossipAddr: "g2"},
+			{Id: "n3", Addr: "a3", PeerAddr: "p3", GossipAddr: "g3"}, {Id: "n4", Addr: "a4", PeerAddr: "p4", GossipAddr: "g4"},
 		},
 		Shards: []*shardpb.ShardMap{
 			{Table: "t", Shard: 0, Replicas: []string{"n1", "n2", "n3"}, Epoch: 1},
@@ -220,7 +236,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// A new node is in the map, active, with its addresses; version +1.
 			name: "new node", cmd: cmRegister("n5", "a5", "g5"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a5", GossipAddr: "g5", Admin: cmActive}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a5", PeerAddr: "p5", GossipAddr: "g5", Admin: cmActive}
 				if !proto.Equal(cmNode(after, "n5"), want) || !proto.Equal(out.(proto.Message), want) {
 					t.Fatalf("n5 in map %v, returned %v; want %v", cmNode(after, "n5"), out, want)
 				}
@@ -247,26 +263,26 @@ func TestClusterMapRegisterNode(t *testing.T) {
 		},
 		{
 			// Another ID at an address already in the map is refused.
-			name: "address taken", cmd: cmRegister("n5", "a1", "g5"), want: ErrNodeConflict,
+			name: "address taken", cmd: cmRegister("n5", "a1", "g5"), want: api.ErrNodeConflict,
 		},
 		{
 			// A known node moving to another node's address is refused too.
-			name: "move to taken address", cmd: cmRegister("n1", "a2", "g1"), want: ErrNodeConflict,
+			name: "move to taken address", cmd: cmRegister("n1", "a2", "g1"), want: api.ErrNodeConflict,
 		},
 		{
 			// A removed node's address stays reserved until it is forgotten.
 			name: "address of removed node", setup: []cmCmd{cmAdmin("n1", cmRemoved)},
-			cmd: cmRegister("n5", "a1", "g5"), want: ErrNodeConflict,
+			cmd: cmRegister("n5", "a1", "g5"), want: api.ErrNodeConflict,
 		},
 		{
 			// A removed node cannot come back under its ID, unchanged...
 			name: "removed, same address", setup: []cmCmd{cmAdmin("n1", cmRemoved)},
-			cmd: cmRegister("n1", "a1", "g1"), want: ErrNodeConflict,
+			cmd: cmRegister("n1", "a1", "g1"), want: api.ErrNodeConflict,
 		},
 		{
 			// ...nor at a new address.
 			name: "removed, new address", setup: []cmCmd{cmAdmin("n1", cmRemoved)},
-			cmd: cmRegister("n1", "a9", "g9"), want: ErrNodeConflict,
+			cmd: cmRegister("n1", "a9", "g9"), want: api.ErrNodeConflict,
 		},
 		{
 			// A draining node restarted at a new address: the addresses are
@@ -274,7 +290,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			name: "new address keeps draining", setup: []cmCmd{cmRegister("n5", "a5", "g5"), cmAdmin("n5", cmDraining)},
 			cmd: cmRegister("n5", "a9", "g9"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", GossipAddr: "g9", Admin: cmDraining}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", PeerAddr: "p9", GossipAddr: "g9", Admin: cmDraining}
 				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
 					t.Fatalf("n5 %v, want %v", got, want)
 				}
@@ -284,9 +300,28 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			},
 		},
 		{
-			// A node holding replicas cannot move to a new gRPC address: its
+			// A node holding replicas cannot move to a new peer address: its
 			// groups know it at the old one and would never reach it.
-			name: "new address while holding replicas", cmd: cmRegister("n1", "a9", "g1"), want: ErrNodeConflict,
+			name: "new address while holding replicas", cmd: cmRegister("n1", "a9", "g1"), want: api.ErrNodeConflict,
+		},
+		{
+			// A new client address alone is harmless: clients learn it
+			// from the map.
+			name: "new client address while holding replicas", cmd: cmRegisterPeer("n1", "a9", "p1", "g1"), delta: 1,
+			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
+				want := &shardpb.ClusterNode{Id: "n1", Addr: "a9", PeerAddr: "p1", GossipAddr: "g1", Admin: cmActive}
+				if got := cmNode(after, "n1"); !proto.Equal(got, want) {
+					t.Fatalf("n1 %v, want %v", got, want)
+				}
+			},
+		},
+		{
+			// Another ID at a peer address already in the map is refused.
+			name: "peer address taken", cmd: cmRegisterPeer("n5", "a5", "p1", "g5"), want: api.ErrNodeConflict,
+		},
+		{
+			// No peer address: refused.
+			name: "no peer address", cmd: cmRegisterPeer("n5", "a5", "", "g5"), want: api.ErrBadRequest,
 		},
 		{
 			// An active node at a new address stays active; its old address
@@ -294,7 +329,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// TestClusterMapRegisterSequence).
 			name: "new address keeps active", setup: []cmCmd{cmRegister("n5", "a5", "g5")}, cmd: cmRegister("n5", "a9", "g5"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", GossipAddr: "g5", Admin: cmActive}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", PeerAddr: "p9", GossipAddr: "g5", Admin: cmActive}
 				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
 					t.Fatalf("n5 %v, want %v", got, want)
 				}
@@ -313,7 +348,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// The admin state in a registration is ignored: a node cannot
 			// register itself out of draining.
 			name: "admin in registration ignored", setup: []cmCmd{cmAdmin("n1", cmDraining)},
-			cmd: cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
+			cmd: cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
 				if got := cmNode(after, "n1").Admin; got != cmDraining {
 					t.Fatalf("n1 is %v after re-registering, want draining", got)
@@ -322,11 +357,11 @@ func TestClusterMapRegisterNode(t *testing.T) {
 		},
 		{
 			// No ID: refused.
-			name: "no id", cmd: cmRegister("", "a5", "g5"), want: ErrBadRequest,
+			name: "no id", cmd: cmRegister("", "a5", "g5"), want: api.ErrBadRequest,
 		},
 		{
 			// No address: refused.
-			name: "no address", cmd: cmRegister("n5", "", "g5"), want: ErrBadRequest,
+			name: "no address", cmd: cmRegister("n5", "", "g5"), want: api.ErrBadRequest,
 		},
 	})
 }
@@ -376,7 +411,7 @@ func TestClusterMapSetNodeAdmin(t *testing.T) {
 	runCMCases(t, []cmCase{
 		{
 			// An unknown node: refused, nothing changes.
-			name: "unknown", cmd: cmAdmin("n9", cmDraining), want: ErrUnknownNode,
+			name: "unknown", cmd: cmAdmin("n9", cmDraining), want: api.ErrUnknownNode,
 		},
 		{
 			// Draining an active node: draining, version +1.
@@ -401,12 +436,12 @@ func TestClusterMapSetNodeAdmin(t *testing.T) {
 		{
 			// A removed node cannot be made active again...
 			name: "removed to active", setup: []cmCmd{cmAdmin("n1", cmRemoved)},
-			cmd: cmAdmin("n1", cmActive), want: ErrNodeConflict,
+			cmd: cmAdmin("n1", cmActive), want: api.ErrNodeConflict,
 		},
 		{
 			// ...nor draining.
 			name: "removed to draining", setup: []cmCmd{cmAdmin("n1", cmRemoved)},
-			cmd: cmAdmin("n1", cmDraining), want: ErrNodeConflict,
+			cmd: cmAdmin("n1", cmDraining), want: api.ErrNodeConflict,
 		},
 	})
 }
@@ -415,22 +450,22 @@ func TestClusterMapForgetNode(t *testing.T) {
 	runCMCases(t, []cmCase{
 		{
 			// An unknown node: refused.
-			name: "unknown", cmd: cmForget("n9"), want: ErrUnknownNode,
+			name: "unknown", cmd: cmForget("n9"), want: api.ErrUnknownNode,
 		},
 		{
 			// An active node, even one without replicas: refused.
 			name: "active", setup: []cmCmd{cmRegister("n5", "a5", "g5")},
-			cmd: cmForget("n5"), want: ErrBadRequest,
+			cmd: cmForget("n5"), want: api.ErrBadRequest,
 		},
 		{
 			// A draining node without replicas: refused.
 			name: "draining", setup: []cmCmd{cmRegister("n5", "a5", "g5"), cmAdmin("n5", cmDraining)},
-			cmd: cmForget("n5"), want: ErrBadRequest,
+			cmd: cmForget("n5"), want: api.ErrBadRequest,
 		},
 		{
 			// A removed node still a voter of t/1: refused.
 			name: "removed, in replicas", setup: []cmCmd{cmAdmin("n4", cmRemoved)},
-			cmd: cmForget("n4"), want: ErrBadRequest,
+			cmd: cmForget("n4"), want: api.ErrBadRequest,
 		},
 		{
 			// A removed node still being added to t/0: refused.
@@ -440,12 +475,12 @@ func TestClusterMapForgetNode(t *testing.T) {
 				cmSetShard("t", 0, 1, "n5", "n1", "n2", "n3"),
 				cmAdmin("n5", cmRemoved),
 			},
-			cmd: cmForget("n5"), want: ErrBadRequest,
+			cmd: cmForget("n5"), want: api.ErrBadRequest,
 		},
 		{
 			// A removed node of several shards: refused.
 			name: "removed, in several shards", setup: []cmCmd{cmAdmin("n2", cmRemoved)},
-			cmd: cmForget("n2"), want: ErrBadRequest,
+			cmd: cmForget("n2"), want: api.ErrBadRequest,
 		},
 		{
 			// A removed node without replicas: gone from the map, version +1,
@@ -533,7 +568,7 @@ func TestClusterMapCreateTable(t *testing.T) {
 				Spec:   &shardpb.TableSpec{Name: "u", Dim: 4, Shards: 3, Replicas: 1},
 				Shards: []*shardpb.ShardMap{{Shard: 0, Replicas: []string{"n1"}}, {Shard: 1, Replicas: []string{"n2"}}},
 			}},
-			want: ErrBadRequest,
+			want: api.ErrBadRequest,
 		},
 		{
 			// More shard entries than spec.Shards: refused.
@@ -542,7 +577,7 @@ func TestClusterMapCreateTable(t *testing.T) {
 				Spec:   &shardpb.TableSpec{Name: "u", Dim: 4, Shards: 1, Replicas: 1},
 				Shards: []*shardpb.ShardMap{{Shard: 0, Replicas: []string{"n1"}}, {Shard: 1, Replicas: []string{"n2"}}},
 			}},
-			want: ErrBadRequest,
+			want: api.ErrBadRequest,
 		},
 		{
 			// An existing name with a wrong count: refused all the same.
@@ -550,11 +585,11 @@ func TestClusterMapCreateTable(t *testing.T) {
 			cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{
 				Spec: &shardpb.TableSpec{Name: "t", Dim: 4, Shards: 2, Replicas: 1},
 			}},
-			want: ErrBadRequest,
+			want: api.ErrBadRequest,
 		},
 		{
 			// No spec: refused.
-			name: "no spec", cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{}}, want: ErrBadRequest,
+			name: "no spec", cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{}}, want: api.ErrBadRequest,
 		},
 	})
 }
@@ -583,20 +618,20 @@ func TestClusterMapSetShard(t *testing.T) {
 		{
 			// A stale epoch (decided before the entry's last change): refused.
 			name: "stale epoch", setup: []cmCmd{moved},
-			cmd: cmSetShard("t", 0, 1, "", "n1", "n2", "n4"), want: ErrEpochChanged,
+			cmd: cmSetShard("t", 0, 1, "", "n1", "n2", "n4"), want: api.ErrEpochChanged,
 		},
 		{
 			// The same command as the one that just succeeded (a replay by a
 			// second scheduler): refused.
-			name: "same change twice", setup: []cmCmd{moved}, cmd: moved, want: ErrEpochChanged,
+			name: "same change twice", setup: []cmCmd{moved}, cmd: moved, want: api.ErrEpochChanged,
 		},
 		{
 			// An epoch from the future: refused as well.
-			name: "future epoch", cmd: cmSetShard("t", 0, 2, "", "n1"), want: ErrEpochChanged,
+			name: "future epoch", cmd: cmSetShard("t", 0, 2, "", "n1"), want: api.ErrEpochChanged,
 		},
 		{
 			// Epoch 0 (never valid: entries start at 1): refused.
-			name: "epoch 0", cmd: cmSetShard("t", 0, 0, "", "n1"), want: ErrEpochChanged,
+			name: "epoch 0", cmd: cmSetShard("t", 0, 0, "", "n1"), want: api.ErrEpochChanged,
 		},
 		{
 			// The current epoch after a change: epoch 3.
@@ -618,39 +653,39 @@ func TestClusterMapSetShard(t *testing.T) {
 		},
 		{
 			// An empty replica set: refused.
-			name: "empty replicas", cmd: cmSetShard("t", 0, 1, ""), want: ErrBadRequest,
+			name: "empty replicas", cmd: cmSetShard("t", 0, 1, ""), want: api.ErrBadRequest,
 		},
 		{
 			// An empty replica set with a node being added: refused too.
-			name: "empty replicas with adding", cmd: cmSetShard("t", 0, 1, "n4"), want: ErrBadRequest,
+			name: "empty replicas with adding", cmd: cmSetShard("t", 0, 1, "n4"), want: api.ErrBadRequest,
 		},
 		{
 			// An unknown node among the replicas: refused.
-			name: "unknown replica", cmd: cmSetShard("t", 0, 1, "", "n1", "n9"), want: ErrUnknownNode,
+			name: "unknown replica", cmd: cmSetShard("t", 0, 1, "", "n1", "n9"), want: api.ErrUnknownNode,
 		},
 		{
 			// An unknown node being added: refused.
-			name: "unknown adding", cmd: cmSetShard("t", 0, 1, "n9", "n1", "n2"), want: ErrUnknownNode,
+			name: "unknown adding", cmd: cmSetShard("t", 0, 1, "n9", "n1", "n2"), want: api.ErrUnknownNode,
 		},
 		{
 			// A forgotten node: unknown.
 			name:  "forgotten node",
 			setup: []cmCmd{cmRegister("n5", "a5", "g5"), cmAdmin("n5", cmRemoved), cmForget("n5")},
-			cmd:   cmSetShard("t", 0, 1, "n5", "n1"), want: ErrUnknownNode,
+			cmd:   cmSetShard("t", 0, 1, "n5", "n1"), want: api.ErrUnknownNode,
 		},
 		{
 			// A shard number past the table's: unknown shard.
-			name: "unknown shard", cmd: cmSetShard("t", 2, 1, "", "n1"), want: ErrUnknownShard,
+			name: "unknown shard", cmd: cmSetShard("t", 2, 1, "", "n1"), want: api.ErrUnknownShard,
 		},
 		{
 			// A table that does not exist: unknown shard.
-			name: "unknown table", cmd: cmSetShard("nope", 0, 1, "", "n1"), want: ErrUnknownShard,
+			name: "unknown table", cmd: cmSetShard("nope", 0, 1, "", "n1"), want: api.ErrUnknownShard,
 		},
 		{
 			// A table created by the old command (no placement): unknown shard.
 			name:  "table without map",
 			setup: []cmCmd{{metaCreateTable, &shardpb.TableSpec{Name: "old", Dim: 4, Shards: 1, Replicas: 1}}},
-			cmd:   cmSetShard("old", 0, 0, "", "n1"), want: ErrUnknownShard,
+			cmd:   cmSetShard("old", 0, 0, "", "n1"), want: api.ErrUnknownShard,
 		},
 	})
 }
@@ -793,8 +828,8 @@ func TestClusterMapRestoreFormat2(t *testing.T) {
 		t.Fatalf("restored jobs %v, want %v", jobs, old.Jobs)
 	}
 	// The tables have no entries; nodes can register from version 0.
-	if err, _ := l.apply(metaSetShard, &shardpb.MetaSetShard{Table: "a", Shard: 0, ExpectEpoch: 1, Replicas: []string{"n1"}}).(error); !errors.Is(err, ErrUnknownShard) {
-		t.Fatalf("changing a table without entries: %v, want ErrUnknownShard", err)
+	if err, _ := l.apply(metaSetShard, &shardpb.MetaSetShard{Table: "a", Shard: 0, ExpectEpoch: 1, Replicas: []string{"n1"}}).(error); !errors.Is(err, api.ErrUnknownShard) {
+		t.Fatalf("changing a table without entries: %v, want api.ErrUnknownShard", err)
 	}
 	cmMustApply(t, l, cmRegister("n1", "a1", "g1"))
 	if v := l.m.version(); v != 1 {
@@ -843,7 +878,7 @@ func cmSameOutcome(a, b any) bool {
 }
 
 func cmSentinel(err error) string {
-	for _, s := range []error{ErrBadRequest, ErrNodeConflict, ErrUnknownNode, ErrUnknownShard, ErrEpochChanged, store.ErrTableExists} {
+	for _, s := range []error{api.ErrBadRequest, api.ErrNodeConflict, api.ErrUnknownNode, api.ErrUnknownShard, api.ErrEpochChanged, store.ErrTableExists} {
 		if errors.Is(err, s) {
 			return s.Error()
 		}

@@ -8,22 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
-	"github.com/raftps/raftps/store"
 )
-
-// ClockRateAllowance is how much faster real time may pass than this node's
-// monotonic clock measures, as a fraction: a bounded read is served only if
-// its lease age, scaled up by it, is within the bound. Crystal oscillators
-// drift by well under 100 ppm; 1% also covers a VM whose clock is slewed.
-const ClockRateAllowance = 0.01
-
-// leaseRefreshTimeout bounds one read-index round trip to a shard leader.
-// A replica that cannot get one within it refuses bounded reads (the client
-// goes elsewhere) until a later refresh succeeds.
-const leaseRefreshTimeout = time.Second
 
 // readLease is what a replica knows about its own freshness: every push
 // acknowledged before asOf (this node's monotonic clock) is applied here.
@@ -43,7 +33,7 @@ type readLease struct {
 // leaseAge is how old a lease established at asOf is, allowing for this
 // node's clock running slow.
 func leaseAge(asOf, now time.Time) time.Duration {
-	return time.Duration(float64(now.Sub(asOf)) * (1 + ClockRateAllowance))
+	return time.Duration(float64(now.Sub(asOf)) * (1 + api.ClockRateAllowance))
 }
 
 // lease returns the read lease of g, creating it. A lease belongs to one
@@ -84,7 +74,7 @@ func (n *Node) boundedFresh(ctx context.Context, g *replication.Group, table str
 		if !l.asOf.IsZero() {
 			if age := leaseAge(l.asOf, now); age <= bound {
 				if age > bound/2 && l.refreshing == nil {
-					n.startRefresh(l, g, table, shard)
+					n.startRefresh(l, g, table, shard, bound)
 				}
 				l.mu.Unlock()
 				return nil
@@ -98,28 +88,38 @@ func (n *Node) boundedFresh(ctx context.Context, g *replication.Group, table str
 			if err == nil {
 				err = errors.New("the lease expired again at once")
 			}
-			return fmt.Errorf("group %s: %w: replica on node %s cannot show it is within the %s bound: %v", g.ID(), ErrTooStale, n.cfg.ID, bound, err)
+			return fmt.Errorf("group %s: %w: replica on node %s cannot show it is within the %s bound: %v", g.ID(), api.ErrTooStale, n.cfg.ID, bound, err)
 		}
 		ch := l.refreshing
 		if ch == nil {
-			ch = n.startRefresh(l, g, table, shard)
+			ch = n.startRefresh(l, g, table, shard, bound)
 		}
 		l.mu.Unlock()
+		// A refresh that ends later than the bound from now brings a lease
+		// already older than the bound (it dates from its request, sent
+		// before now): waiting longer is no use. The client asks another
+		// replica meanwhile; the refresh goes on for later reads.
 		select {
 		case <-ch:
+		case <-time.After(bound):
+			return fmt.Errorf("group %s: %w: replica on node %s has no read lease within the %s bound: the leader's read index takes longer", g.ID(), api.ErrTooStale, n.cfg.ID, bound)
 		case <-ctx.Done():
 			return fmt.Errorf("group %s: waiting for a read lease: %w", g.ID(), ctx.Err())
 		}
 	}
 }
 
-// startRefresh starts a read-index round trip for l; l.mu is held.
-func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, shard uint32) chan struct{} {
+// startRefresh starts a read-index round trip for l, for reads of the
+// given bound; l.mu is held. The round trip is given up after the bound (at
+// least minRefreshTimeout): one that takes longer brings a lease already
+// too old for those reads, and while it runs no other starts, so one stuck
+// on a leader that is gone (frozen, cut off) must not outlast its use.
+func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, shard uint32, bound time.Duration) chan struct{} {
 	ch := make(chan struct{})
 	l.refreshing = ch
 	started := n.spawn(func() {
 		sent := time.Now()
-		err := n.refreshLease(g, table, shard)
+		err := n.refreshLease(g, table, shard, max(bound, minRefreshTimeout))
 		l.mu.Lock()
 		if err == nil && sent.After(l.asOf) {
 			l.asOf = sent
@@ -136,10 +136,13 @@ func (n *Node) startRefresh(l *readLease, g *replication.Group, table string, sh
 	return ch
 }
 
+// minRefreshTimeout is the least time a lease refresh is given.
+const minRefreshTimeout = 50 * time.Millisecond
+
 // refreshLease gets a read index from g's leader (this replica, if it
-// leads) and waits until this replica has applied it.
-func (n *Node) refreshLease(g *replication.Group, table string, shard uint32) error {
-	ctx, cancel := n.callContext(leaseRefreshTimeout, nil)
+// leads) and waits until this replica has applied it, within timeout.
+func (n *Node) refreshLease(g *replication.Group, table string, shard uint32, timeout time.Duration) error {
+	ctx, cancel := n.callContext(timeout, nil)
 	defer cancel()
 	var ix uint64
 	if g.Raft().State() == raft.Leader {
@@ -180,42 +183,43 @@ func (n *Node) callContext(timeout time.Duration, stop <-chan struct{}) (context
 	return ctx, cancel
 }
 
-func (s *service) ReadIndex(ctx context.Context, req *shardpb.ReadIndexRequest) (*shardpb.ReadIndexResponse, error) {
+func (s *peerService) ReadIndex(ctx context.Context, req *shardpb.ReadIndexRequest) (*shardpb.ReadIndexResponse, error) {
 	g := s.n.Group(req.Table, req.Shard)
 	if g == nil {
-		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: no replica on node %s", api.GroupID(req.Table, req.Shard), api.ErrNotReplica, s.n.cfg.ID))
 	}
 	ix, err := g.ReadIndex(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.ReadIndexResponse{Index: ix}, nil
 }
 
 func (s *service) AlterTable(ctx context.Context, req *shardpb.AlterTableRequest) (*shardpb.AlterTableResponse, error) {
 	if req.Name == "" {
-		return nil, toStatus(fmt.Errorf("%w: no table name", ErrBadRequest))
+		return nil, s.n.toStatus(fmt.Errorf("%w: no table name", api.ErrBadRequest))
 	}
-	return onMetaLeader(ctx, s.n, func() (*shardpb.AlterTableResponse, error) {
-		if err := s.n.metaAuthoritative(); err != nil {
-			return nil, fmt.Errorf("altering table %q: %w: %v", req.Name, ErrUnavailable, err)
-		}
-		spec := s.n.metaFSM.table(req.Name)
-		if spec == nil {
-			return nil, fmt.Errorf("table %q: %w", req.Name, store.ErrUnknownTable)
-		}
-		next, err := alterSpec(spec, req)
-		if err != nil {
-			return nil, err
-		}
-		out, err := s.n.applyMeta(metaAlterTable, next, fmt.Sprintf("altering table %q", req.Name))
-		if err != nil {
-			return nil, err
-		}
-		return &shardpb.AlterTableResponse{Spec: out.(*shardpb.TableSpec)}, nil
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.AlterTableResponse, error) {
-		return ps.AlterTable(ctx, req)
-	})
+	return onMetaLeader(ctx, s.n, func() (*shardpb.AlterTableResponse, error) { return s.n.alterTable(req) },
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_AlterTable{AlterTable: req}}, (*shardpb.ForwardResponse).GetAlterTable)
+}
+
+func (n *Node) alterTable(req *shardpb.AlterTableRequest) (*shardpb.AlterTableResponse, error) {
+	if err := n.metaAuthoritative(); err != nil {
+		return nil, fmt.Errorf("altering table %q: %w: %v", req.Name, api.ErrUnavailable, err)
+	}
+	spec := n.metaFSM.table(req.Name)
+	if spec == nil {
+		return nil, fmt.Errorf("table %q: %w", req.Name, api.ErrUnknownTable)
+	}
+	next, err := api.AlterSpec(spec, req)
+	if err != nil {
+		return nil, err
+	}
+	out, err := n.applyMeta(metaAlterTable, next, fmt.Sprintf("altering table %q", req.Name))
+	if err != nil {
+		return nil, err
+	}
+	return &shardpb.AlterTableResponse{Spec: out.(*shardpb.TableSpec)}, nil
 }
 
 // Roles and levels of the served-pull counters.
@@ -229,13 +233,13 @@ const (
 var roleNames = [numRoles]string{"leader", "follower", "read-replica"}
 
 // servedCounters counts the pulls a node served, by role and level
-// (levelRank - 1).
+// (api.LevelRank - 1).
 type servedCounters struct {
 	c [numRoles][3]struct{ requests, rows, refused atomic.Uint64 }
 }
 
 func (s *servedCounters) served(role int, level shardpb.Consistency, rows int) {
-	if r := levelRank(level); r > 0 {
+	if r := api.LevelRank(level); r > 0 {
 		c := &s.c[role][r-1]
 		c.requests.Add(1)
 		c.rows.Add(uint64(rows))
@@ -243,7 +247,7 @@ func (s *servedCounters) served(role int, level shardpb.Consistency, rows int) {
 }
 
 func (s *servedCounters) refused(role int, level shardpb.Consistency) {
-	if r := levelRank(level); r > 0 {
+	if r := api.LevelRank(level); r > 0 {
 		s.c[role][r-1].refused.Add(1)
 	}
 }
@@ -255,7 +259,7 @@ func (s *servedCounters) snapshot() []*shardpb.ServedCount {
 	for role := range numRoles {
 		for l, level := range levels {
 			c := &s.c[role][l]
-			sc := &shardpb.ServedCount{Role: roleNames[role], Level: levelName(level), Requests: c.requests.Load(), Rows: c.rows.Load(), Refused: c.refused.Load()}
+			sc := &shardpb.ServedCount{Role: roleNames[role], Level: api.LevelName(level), Requests: c.requests.Load(), Rows: c.rows.Load(), Refused: c.refused.Load()}
 			if sc.Requests+sc.Refused > 0 {
 				out = append(out, sc)
 			}

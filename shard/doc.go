@@ -80,7 +80,7 @@
 //   - Client: dials any node, learns table specs, each shard's replicas and
 //     epoch (refreshed when a node says the client's map is stale) and shard
 //     leaders, splits a
-//     batch by shard (ShardOf: a stable hash of the key), sends one
+//     batch by shard (api.ShardOf: a stable hash of the key), sends one
 //     PullBatch or PushBatch per node that leads some of them (bounded and
 //     eventual pulls, and every pull of a chain table: per node ranked
 //     first for some of them, see clientspread.go; a chain's head is its

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/shardpb"
 )
@@ -179,7 +181,7 @@ func (n *Node) countHot(spec *shardpb.TableSpec, shard uint32, keys []uint64) {
 	if spec.HotThreshold <= 0 {
 		return
 	}
-	gid := groupID(spec.Name, shard)
+	gid := api.GroupID(spec.Name, shard)
 	n.hot.mu.RLock()
 	t := n.hot.trackers[gid]
 	n.hot.mu.RUnlock()
@@ -237,7 +239,7 @@ func (n *Node) hotWindow() {
 			n.hot.mu.Lock()
 			if t.mu.TryLock() {
 				if len(t.sk.heap) == 0 {
-					delete(n.hot.trackers, groupID(t.table, t.shard))
+					delete(n.hot.trackers, api.GroupID(t.table, t.shard))
 				}
 				t.mu.Unlock()
 			}
@@ -254,8 +256,8 @@ func (n *Node) hotWindow() {
 // the shard's Raft group, or is the head of its chain. term orders the
 // decider's messages at the read replicas: the Raft term, or the chain's
 // epoch (each only grows, and a table's replication never changes).
-// leader is the decider's address as this node knows it, "" when this node
-// holds no replica of the shard or knows of no leader.
+// leader is the decider's peer address as this node knows it, "" when this
+// node holds no replica of the shard or knows of no leader.
 //
 // The term is read before the role: a change in between can then only
 // pair the role with an older term, which loses to the true leader's.
@@ -263,7 +265,7 @@ func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, lea
 	if g := n.Group(table, shard); g != nil {
 		term := g.Raft().CurrentTerm()
 		if g.IsLeader() {
-			return true, term, n.cfg.Addr
+			return true, term, n.cfg.PeerAddr
 		}
 		a, _ := g.Raft().LeaderWithID()
 		return false, term, string(a)
@@ -280,13 +282,13 @@ func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, lea
 		// map's head decides.
 		if len(sm.Replicas) > 0 {
 			if nd := n.metaFSM.node(sm.Replicas[0]); nd != nil {
-				return false, epoch, nd.Addr
+				return false, epoch, nd.PeerAddr
 			}
 		}
 		return false, epoch, ""
 	}
 	if role == chain.RoleHead {
-		return true, epoch, n.cfg.Addr
+		return true, epoch, n.cfg.PeerAddr
 	}
 	if len(order) > 0 {
 		return false, epoch, order[0]
@@ -298,7 +300,7 @@ func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, lea
 // is this node, else by a best-effort ReportHot (a lost report makes the
 // leader under-count one window).
 func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
-	gid := groupID(table, shard)
+	gid := api.GroupID(table, shard)
 	leads, _, leaderAddr := n.hotLead(table, shard)
 	if leads {
 		n.addReport(table, shard, n.cfg.ID, entries)
@@ -321,7 +323,7 @@ func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
 	for i, e := range entries {
 		keys[i], counts[i] = e.key, e.count
 	}
-	req := &shardpb.ReportHotRequest{Table: table, Shard: shard, NodeId: n.cfg.ID, Keys: KeysBytes(keys), Counts: counts}
+	req := &shardpb.ReportHotRequest{Table: table, Shard: shard, NodeId: n.cfg.ID, Keys: api.KeysBytes(keys), Counts: counts}
 	n.spawn(func() {
 		ps, err := n.peerStub(leaderAddr)
 		if err != nil {
@@ -338,7 +340,7 @@ func (n *Node) reportHot(table string, shard uint32, entries []ssEntry) {
 // addReport records one node's window of counts at this shard leader; a
 // later report of the same node in the same window replaces it.
 func (n *Node) addReport(table string, shard uint32, node string, entries []ssEntry) {
-	gid := groupID(table, shard)
+	gid := api.GroupID(table, shard)
 	n.hot.mu.Lock()
 	defer n.hot.mu.Unlock()
 	l := n.hot.leading[gid]
@@ -349,16 +351,16 @@ func (n *Node) addReport(table string, shard uint32, node string, entries []ssEn
 	l.reports[node] = entries
 }
 
-func (s *service) ReportHot(ctx context.Context, req *shardpb.ReportHotRequest) (*shardpb.ReportHotResponse, error) {
-	keys, err := DecodeKeys(req.Keys, nil)
+func (s *peerService) ReportHot(ctx context.Context, req *shardpb.ReportHotRequest) (*shardpb.ReportHotResponse, error) {
+	keys, err := api.DecodeKeys(req.Keys, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if len(keys) != len(req.Counts) || len(keys) > hotSketchSize {
-		return nil, toStatus(fmt.Errorf("%w: hot-key report of %d keys and %d counts (at most %d)", ErrBadRequest, len(keys), len(req.Counts), hotSketchSize))
+		return nil, s.n.toStatus(fmt.Errorf("%w: hot-key report of %d keys and %d counts (at most %d)", api.ErrBadRequest, len(keys), len(req.Counts), hotSketchSize))
 	}
 	if leads, _, _ := s.n.hotLead(req.Table, req.Shard); !leads {
-		return nil, toStatus(fmt.Errorf("group %s: %w: node %s does not lead it", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: node %s does not lead it", api.GroupID(req.Table, req.Shard), api.ErrNotReplica, s.n.cfg.ID))
 	}
 	entries := make([]ssEntry, len(keys))
 	for i := range keys {
@@ -465,7 +467,7 @@ func (n *Node) pickHotReplicas(table string, shard uint32, want int) []string {
 		return nil
 	}
 	alive := n.members.aliveIDs()
-	gid := groupID(table, shard)
+	gid := api.GroupID(table, shard)
 	type cand struct {
 		id    string
 		score uint64
@@ -479,7 +481,7 @@ func (n *Node) pickHotReplicas(table string, shard uint32, want int) []string {
 		h.Write([]byte(gid))
 		h.Write([]byte{0})
 		h.Write([]byte(node.Id))
-		cands = append(cands, cand{node.Id, fmix64(h.Sum64())})
+		cands = append(cands, cand{node.Id, api.Mix64(h.Sum64())})
 	}
 	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.score, a.score) })
 	var out []string
@@ -502,37 +504,37 @@ func (n *Node) assignHot(l *hotLeader, id string, keys []uint64, term uint64) {
 	if node == nil {
 		return
 	}
-	req := &shardpb.AssignHotRequest{Table: l.table, Shard: l.shard, Version: l.version, Term: term, Keys: KeysBytes(keys), LeaderAddr: n.cfg.Addr}
+	req := &shardpb.AssignHotRequest{Table: l.table, Shard: l.shard, Version: l.version, Term: term, Keys: api.KeysBytes(keys), LeaderAddr: n.cfg.PeerAddr}
 	n.spawn(func() {
-		ps, err := n.peerStub(node.Addr)
+		ps, err := n.peerStub(node.PeerAddr)
 		if err != nil {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), HotWindow/2)
 		defer cancel()
 		if _, err := ps.AssignHot(ctx, req); err != nil {
-			n.log.Debug("hot-key assignment not delivered", "group", groupID(l.table, l.shard), "node", id, "error", err)
+			n.log.Debug("hot-key assignment not delivered", "group", api.GroupID(l.table, l.shard), "node", id, "error", err)
 		}
 	})
 }
 
-func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) (*shardpb.AssignHotResponse, error) {
-	keys, err := DecodeKeys(req.Keys, nil)
+func (s *peerService) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) (*shardpb.AssignHotResponse, error) {
+	keys, err := api.DecodeKeys(req.Keys, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if len(keys) > MaxHotKeys {
-		return nil, toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", ErrBadRequest, len(keys), MaxHotKeys))
+		return nil, s.n.toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", api.ErrBadRequest, len(keys), MaxHotKeys))
 	}
 	spec := s.n.metaFSM.table(req.Table)
 	if spec == nil {
-		return nil, toStatus(fmt.Errorf("table %q: %w", req.Table, ErrUnavailable))
+		return nil, s.n.toStatus(fmt.Errorf("table %q: %w", req.Table, api.ErrUnavailable))
 	}
 	if req.Shard >= spec.Shards {
-		return nil, toStatus(fmt.Errorf("table %q has %d shards, not shard %d: %w", req.Table, spec.Shards, req.Shard, ErrUnknownShard))
+		return nil, s.n.toStatus(fmt.Errorf("table %q has %d shards, not shard %d: %w", req.Table, spec.Shards, req.Shard, api.ErrUnknownShard))
 	}
 	n := s.n
-	gid := groupID(req.Table, req.Shard)
+	gid := api.GroupID(req.Table, req.Shard)
 	n.hot.mu.Lock()
 	defer n.hot.mu.Unlock()
 	r := n.hot.replicas[gid]
@@ -556,7 +558,7 @@ func (s *service) AssignHot(ctx context.Context, req *shardpb.AssignHotRequest) 
 	if r == nil {
 		r = &hotReplica{table: req.Table, shard: req.Shard, dim: int(spec.Dim), stop: make(chan struct{})}
 		if !n.spawn(func() { n.refreshHotLoop(r) }) {
-			return nil, toStatus(fmt.Errorf("node %s: %w: stopping", n.cfg.ID, ErrUnavailable))
+			return nil, s.n.toStatus(fmt.Errorf("node %s: %w: stopping", n.cfg.ID, api.ErrUnavailable))
 		}
 		n.hot.replicas[gid] = r
 	}
@@ -604,6 +606,9 @@ func (n *Node) refreshHotLoop(r *hotReplica) {
 	}
 }
 
+// hotRefreshTimeout bounds a read replica's copy of its hot rows.
+const hotRefreshTimeout = time.Second
+
 func (n *Node) refreshHot(r *hotReplica) {
 	r.mu.Lock()
 	addr, keys := r.leaderAddr, slices.Clone(r.keys)
@@ -612,17 +617,17 @@ func (n *Node) refreshHot(r *hotReplica) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := n.callContext(leaseRefreshTimeout, r.stop)
+	ctx, cancel := n.callContext(hotRefreshTimeout, r.stop)
 	defer cancel()
 	sent := time.Now()
-	resp, err := ps.HotRows(ctx, &shardpb.HotRowsRequest{Table: r.table, Shard: r.shard, Keys: KeysBytes(keys)})
+	resp, err := ps.HotRows(ctx, &shardpb.HotRowsRequest{Table: r.table, Shard: r.shard, Keys: api.KeysBytes(keys)})
 	if err != nil {
-		n.log.Debug("hot rows not refreshed", "group", groupID(r.table, r.shard), "leader", addr, "error", err)
+		n.log.Debug("hot rows not refreshed", "group", api.GroupID(r.table, r.shard), "leader", addr, "error", err)
 		return
 	}
-	rows, err := DecodeValues(resp.Values, nil)
+	rows, err := api.DecodeValues(resp.Values, nil)
 	if err != nil || len(rows) != len(keys)*r.dim {
-		n.log.Warn("hot rows answer malformed", "group", groupID(r.table, r.shard), "leader", addr, "values", len(rows), "keys", len(keys))
+		n.log.Warn("hot rows answer malformed", "group", api.GroupID(r.table, r.shard), "leader", addr, "values", len(rows), "keys", len(keys))
 		return
 	}
 	index := make(map[uint64]int, len(keys))
@@ -634,30 +639,30 @@ func (n *Node) refreshHot(r *hotReplica) {
 	r.mu.Unlock()
 }
 
-func (s *service) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*shardpb.HotRowsResponse, error) {
-	keys, err := DecodeKeys(req.Keys, nil)
+func (s *peerService) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) (*shardpb.HotRowsResponse, error) {
+	keys, err := api.DecodeKeys(req.Keys, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if len(keys) > MaxHotKeys {
-		return nil, toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", ErrBadRequest, len(keys), MaxHotKeys))
+		return nil, s.n.toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", api.ErrBadRequest, len(keys), MaxHotKeys))
 	}
 	spec := s.n.metaFSM.table(req.Table)
 	if spec == nil {
-		return nil, toStatus(fmt.Errorf("group %s: %w: no replica on node %s", groupID(req.Table, req.Shard), ErrNotReplica, s.n.cfg.ID))
+		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: no replica on node %s", api.GroupID(req.Table, req.Shard), api.ErrNotReplica, s.n.cfg.ID))
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
 	ix, err := s.n.readHotRows(ctx, spec, req.Shard, keys, out)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
-	return &shardpb.HotRowsResponse{Values: ValuesBytes(out), AppliedIndex: ix}, nil
+	return &shardpb.HotRowsResponse{Values: api.ValuesBytes(out), AppliedIndex: ix}, nil
 }
 
 // readHotRows is a linearizable read of keys' rows from this node's replica
 // of the shard: through its Raft group, or by CRAQ from its chain member.
 func (n *Node) readHotRows(ctx context.Context, spec *shardpb.TableSpec, shard uint32, keys []uint64, out []float32) (uint64, error) {
-	if isChain(spec) {
+	if api.IsChain(spec) {
 		ch, err := n.chainFor(spec, shard, 0)
 		if err != nil {
 			return 0, err
@@ -666,7 +671,7 @@ func (n *Node) readHotRows(ctx context.Context, spec *shardpb.TableSpec, shard u
 	}
 	g := n.Group(spec.Name, shard)
 	if g == nil {
-		return 0, fmt.Errorf("group %s: %w: no replica on node %s", groupID(spec.Name, shard), ErrNotReplica, n.cfg.ID)
+		return 0, fmt.Errorf("group %s: %w: no replica on node %s", api.GroupID(spec.Name, shard), api.ErrNotReplica, n.cfg.ID)
 	}
 	if err := g.Pull(ctx, keys, out, true); err != nil {
 		return 0, err
@@ -681,7 +686,7 @@ func (n *Node) readHotRows(ctx context.Context, spec *shardpb.TableSpec, shard u
 // then treats it as any request for a shard this node does not hold, so a
 // client with an old map is told to refresh it.
 func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, level shardpb.Consistency, bound time.Duration) (out []float32, ok bool, err error) {
-	gid := groupID(spec.Name, shard)
+	gid := api.GroupID(spec.Name, shard)
 	n.hot.mu.RLock()
 	r := n.hot.replicas[gid]
 	n.hot.mu.RUnlock()
@@ -696,22 +701,22 @@ func (n *Node) serveHot(spec *shardpb.TableSpec, shard uint32, keys []uint64, le
 		}
 	}
 	if r.asOf.IsZero() {
-		return nil, true, fmt.Errorf("group %s: %w: node %s has not copied them yet", gid, ErrNotHot, n.cfg.ID)
+		return nil, true, fmt.Errorf("group %s: %w: node %s has not copied them yet", gid, api.ErrNotHot, n.cfg.ID)
 	}
 	switch age := leaseAge(r.asOf, time.Now()); level {
 	case shardpb.Consistency_CONSISTENCY_BOUNDED:
 		if age > bound {
-			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old, over the %s bound", gid, ErrNotHot, n.cfg.ID, age.Round(time.Millisecond), bound)
+			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old, over the %s bound", gid, api.ErrNotHot, n.cfg.ID, age.Round(time.Millisecond), bound)
 		}
 	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
 		if age > eventualAbandon {
-			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old", gid, ErrNotHot, n.cfg.ID, age.Round(time.Millisecond))
+			return nil, true, fmt.Errorf("group %s: %w: node %s's copy is %s old", gid, api.ErrNotHot, n.cfg.ID, age.Round(time.Millisecond))
 		}
 	default:
-		return nil, true, fmt.Errorf("group %s: %w: read replicas do not serve %s reads", gid, ErrNotHot, levelName(level))
+		return nil, true, fmt.Errorf("group %s: %w: read replicas do not serve %s reads", gid, api.ErrNotHot, api.LevelName(level))
 	}
 	if r.dim != int(spec.Dim) {
-		return nil, true, fmt.Errorf("group %s: %w: copy of dim %d", gid, ErrNotHot, r.dim)
+		return nil, true, fmt.Errorf("group %s: %w: copy of dim %d", gid, api.ErrNotHot, r.dim)
 	}
 	out = make([]float32, len(keys)*r.dim)
 	for i, k := range keys {
@@ -762,5 +767,5 @@ func (n *Node) HotShards(table string) []*shardpb.HotShard { return n.hotShards(
 func (n *Node) ReadReplicates(table string, shard uint32) bool {
 	n.hot.mu.Lock()
 	defer n.hot.mu.Unlock()
-	return n.hot.replicas[groupID(table, shard)] != nil
+	return n.hot.replicas[api.GroupID(table, shard)] != nil
 }

@@ -20,28 +20,6 @@ const (
 	StateDead    = "dead"
 )
 
-// GossipPortOffset is how far a node's default gossip port is from its gRPC
-// port: a node at host:P gossips on host:P+GossipPortOffset unless told
-// otherwise.
-const GossipPortOffset = 1000
-
-// DefaultGossipAddr returns the default gossip address of a node whose gRPC
-// address is grpcAddr: the same host, port + GossipPortOffset.
-func DefaultGossipAddr(grpcAddr string) (string, error) {
-	host, port, err := net.SplitHostPort(grpcAddr)
-	if err != nil {
-		return "", err
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		return "", fmt.Errorf("address %q: port %q is not a number", grpcAddr, port)
-	}
-	if p == 0 || p+GossipPortOffset > 65535 {
-		return "", fmt.Errorf("address %q: no default gossip port for gRPC port %d (pass the gossip address explicitly)", grpcAddr, p)
-	}
-	return net.JoinHostPort(host, strconv.Itoa(p+GossipPortOffset)), nil
-}
-
 // MembershipConfig configures a node's gossip membership. Zero durations
 // take memberlist's LAN defaults (probe every 1s, a dead node declared
 // about 5s after it stops answering in a small cluster).
@@ -132,7 +110,7 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 			if p.ID == self.ID {
 				continue
 			}
-			a, err := DefaultGossipAddr(p.Addr)
+			a, err := GossipAddrOfPeer(p.PeerAddr)
 			if err != nil {
 				return nil, fmt.Errorf("gossip address of peer %s: %w", p.ID, err)
 			}
@@ -355,7 +333,9 @@ func (m *membership) Members() []MemberInfo {
 	m.mu.Unlock()
 	for _, p := range m.peers {
 		if !seen[p.ID] {
-			out = append(out, MemberInfo{ID: p.ID, Addr: p.Addr, State: StateDead, Since: m.start})
+			// Never heard from: its client address is unknown until it
+			// registers.
+			out = append(out, MemberInfo{ID: p.ID, State: StateDead, Since: m.start})
 		}
 	}
 	slices.SortFunc(out, func(a, b MemberInfo) int {

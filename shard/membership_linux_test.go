@@ -104,7 +104,7 @@ func TestMembershipCloseWithUnreachablePeer(t *testing.T) {
 			}
 			addr := l.Addr().String()
 			l.Close()
-			peers := []Peer{{ID: "a", Addr: "127.0.0.1:1"}, {ID: "b", Addr: "127.0.0.1:2"}}
+			peers := []Peer{{ID: "a", PeerAddr: "127.0.0.1:2001"}, {ID: "b", PeerAddr: "127.0.0.1:2002"}}
 			cfg := MembershipConfig{Addr: addr, Join: []string{peer}, RejoinInterval: time.Hour}
 			m, err := newMembership(cfg, nodeMeta{ID: "a", Addr: "127.0.0.1:1"}, peers, hclog.NewNullLogger())
 			if err != nil {

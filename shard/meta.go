@@ -9,15 +9,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/protobuf/proto"
 )
-
-// metaGroupID is the Raft group of the cluster's metadata: table specs and
-// the trainer job registry.
-const metaGroupID = "meta"
 
 // Meta commands: a type byte, then the deterministic proto encoding of the
 // argument.
@@ -59,7 +57,7 @@ type metaFSM struct {
 	// The cluster map (clustermap.go). Values are never modified, only
 	// replaced, so readers may keep them.
 	nodes      map[string]*shardpb.ClusterNode // by node ID
-	shards     map[string]*shardpb.ShardMap    // by groupID
+	shards     map[string]*shardpb.ShardMap    // by api.GroupID
 	mapVersion uint64                          // +1 on every map change
 	onChange   func()
 	// processed is the highest log index the FSM is known to have taken
@@ -155,7 +153,7 @@ func (m *metaFSM) applyAlter(arg []byte) any {
 	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
 	}
-	if err := checkLevel(spec); err != nil {
+	if err := api.CheckLevel(spec); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -203,7 +201,7 @@ func (m *metaFSM) applyDelete(arg []byte) any {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.jobs[req.Job]; !ok {
-		return fmt.Errorf("job %q: %w", req.Job, ErrUnknownJob)
+		return fmt.Errorf("job %q: %w", req.Job, api.ErrUnknownJob)
 	}
 	delete(m.jobs, req.Job)
 	return nil

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
@@ -100,12 +102,12 @@ func TestMetaJobAssignsLowestFreeRank(t *testing.T) {
 func TestMetaJobExplicitRankTaken(t *testing.T) {
 	l := newMetaLog(t)
 	l.mustJoin("j", 3, 1, "a", 1, 1)
-	if _, _, err := l.join("j", 3, 1, "b"); !errors.Is(err, ErrRankTaken) {
-		t.Fatalf("rank 1 held by a, b asks for it: %v, want ErrRankTaken", err)
+	if _, _, err := l.join("j", 3, 1, "b"); !errors.Is(err, api.ErrRankTaken) {
+		t.Fatalf("rank 1 held by a, b asks for it: %v, want api.ErrRankTaken", err)
 	}
 	// a holds rank 1; it cannot switch to another rank of the same round.
-	if _, _, err := l.join("j", 3, 2, "a"); !errors.Is(err, ErrRankTaken) {
-		t.Fatalf("a holds rank 1 and asks for rank 2: %v, want ErrRankTaken", err)
+	if _, _, err := l.join("j", 3, 2, "a"); !errors.Is(err, api.ErrRankTaken) {
+		t.Fatalf("a holds rank 1 and asks for rank 2: %v, want api.ErrRankTaken", err)
 	}
 	l.wantJob("j", "1 3: 1=a") // refused joins change nothing
 	l.mustJoin("j", 3, -1, "b", 0, 1)
@@ -146,8 +148,8 @@ func TestMetaJobWorldMismatch(t *testing.T) {
 	l := newMetaLog(t)
 	l.mustJoin("j", 3, -1, "a", 0, 1)
 	for _, addr := range []string{"b", "a"} {
-		if _, _, err := l.join("j", 4, -1, addr); !errors.Is(err, ErrWorldMismatch) {
-			t.Fatalf("%s asks for world 4 in an incomplete round of 3: %v, want ErrWorldMismatch", addr, err)
+		if _, _, err := l.join("j", 4, -1, addr); !errors.Is(err, api.ErrWorldMismatch) {
+			t.Fatalf("%s asks for world 4 in an incomplete round of 3: %v, want api.ErrWorldMismatch", addr, err)
 		}
 	}
 	l.wantJob("j", "1 3: 0=a")
@@ -167,39 +169,39 @@ func TestMetaJobValidation(t *testing.T) {
 		addr        string
 	}{
 		{"empty job", "", 2, -1, "a"},
-		{"long job", long[:maxJobNameLen+1], 2, -1, "a"},
+		{"long job", long[:api.MaxJobNameLen+1], 2, -1, "a"},
 		{"non-UTF-8 job", "j\xff", 2, -1, "a"},
 		{"world 0", "j", 0, -1, "a"},
-		{"world too large", "j", maxJobWorld + 1, -1, "a"},
+		{"world too large", "j", api.MaxJobWorld + 1, -1, "a"},
 		{"rank below -1", "j", 2, -2, "a"},
 		{"rank = world", "j", 2, 2, "a"},
 		{"empty addr", "j", 2, -1, ""},
-		{"long addr", "j", 2, -1, long[:maxJobAddrLen+1]},
+		{"long addr", "j", 2, -1, long[:api.MaxJobAddrLen+1]},
 	} {
-		if err := checkJoin(c.job, c.world, c.rank, c.addr); !errors.Is(err, ErrBadRequest) {
-			t.Errorf("%s: checkJoin: %v, want ErrBadRequest", c.name, err)
+		if err := api.CheckJoin(c.job, c.world, c.rank, c.addr); !errors.Is(err, api.ErrBadRequest) {
+			t.Errorf("%s: api.CheckJoin: %v, want api.ErrBadRequest", c.name, err)
 		}
 		// Apply checks the log entry again, in case another writer did not.
 		// (Invalid UTF-8 cannot be encoded in a proto string at all.)
 		if !strings.Contains(c.name, "UTF-8") {
 			l := newMetaLog(t)
-			if _, _, err := l.join(c.job, c.world, c.rank, c.addr); !errors.Is(err, ErrBadRequest) {
-				t.Errorf("%s: Apply: %v, want ErrBadRequest", c.name, err)
+			if _, _, err := l.join(c.job, c.world, c.rank, c.addr); !errors.Is(err, api.ErrBadRequest) {
+				t.Errorf("%s: Apply: %v, want api.ErrBadRequest", c.name, err)
 			}
 			if len(l.m.jobList()) != 0 {
 				t.Errorf("%s: a refused join created a job", c.name)
 			}
 		}
 	}
-	if err := checkJoin("j", maxJobWorld, maxJobWorld-1, long[:maxJobAddrLen]); err != nil {
+	if err := api.CheckJoin("j", api.MaxJobWorld, api.MaxJobWorld-1, long[:api.MaxJobAddrLen]); err != nil {
 		t.Errorf("limits themselves refused: %v", err)
 	}
 }
 
 func TestMetaJobDelete(t *testing.T) {
 	l := newMetaLog(t)
-	if err, _ := l.apply(metaDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}).(error); !errors.Is(err, ErrUnknownJob) {
-		t.Fatalf("deleting an unknown job: %v, want ErrUnknownJob", err)
+	if err, _ := l.apply(metaDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}).(error); !errors.Is(err, api.ErrUnknownJob) {
+		t.Fatalf("deleting an unknown job: %v, want api.ErrUnknownJob", err)
 	}
 	l.mustJoin("j", 1, -1, "a", 0, 1)
 	l.mustJoin("j", 1, -1, "b", 0, 2)

@@ -10,6 +10,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/raftps/raftps/shard/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 )
 
 // Network fault injection, for partition tests of clusters whose nodes share
@@ -38,6 +44,9 @@ type netFault struct {
 	mu      sync.Mutex
 	blocked map[string]bool
 	conns   connSet
+	// delay is added to every unary call this node serves, on both
+	// listeners: a slow node, one that answers, but late.
+	delay atomic.Int64
 }
 
 func newNetFault() *netFault {
@@ -99,14 +108,53 @@ func (f *netFault) dial(ctx context.Context, addr string) (net.Conn, error) {
 // through /debug/netfault. It needs NodeConfig.FaultInjection.
 func (n *Node) BlockPeers(addrs ...string) error {
 	if n.fault == nil {
-		return fmt.Errorf("node %s: %w: started without fault injection", n.cfg.ID, ErrBadRequest)
+		return fmt.Errorf("node %s: %w: started without fault injection", n.cfg.ID, api.ErrBadRequest)
 	}
 	n.fault.set(addrs)
 	return nil
 }
 
-// serveHTTP: GET shows the blocked set; POST with block=ADDR,ADDR,...
-// (empty: none) replaces it.
+// unary is the interceptor that makes a slow node slow.
+func (f *netFault) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if d := time.Duration(f.delay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return handler(ctx, req)
+}
+
+// unaryClient is the interceptor that makes a slow node's own calls to
+// its peers late, as a slow link does (tc netem delays a container's every
+// packet): with both, a slow leader's heartbeats arrive late and its lease
+// runs out, as on a real slow machine.
+func (f *netFault) unaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if d := time.Duration(f.delay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// SetDelay makes this node slow: every unary call it answers (client and
+// peer APIs) and every unary call it makes to a peer is d late; 0 ends it.
+// It needs NodeConfig.FaultInjection.
+func (n *Node) SetDelay(d time.Duration) error {
+	if n.fault == nil {
+		return fmt.Errorf("node %s: %w: started without fault injection", n.cfg.ID, api.ErrBadRequest)
+	}
+	n.fault.delay.Store(int64(max(d, 0)))
+	return nil
+}
+
+// serveHTTP: GET shows the blocked set and the delay; POST with
+// block=ADDR,ADDR,... (empty: none) replaces the blocked set, with
+// delay=DURATION (0: none) the delay.
 func (f *netFault) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet:
@@ -114,6 +162,17 @@ func (f *netFault) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if err := r.ParseForm(); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
+		}
+		if r.Form.Has("delay") {
+			d, err := time.ParseDuration(r.Form.Get("delay"))
+			if err != nil || d < 0 {
+				http.Error(w, fmt.Sprintf("delay: %q is not a duration >= 0", r.Form.Get("delay")), http.StatusBadRequest)
+				return
+			}
+			f.delay.Store(int64(d))
+			if !r.Form.Has("block") {
+				break
+			}
 		}
 		var addrs []string
 		for _, a := range strings.Split(r.Form.Get("block"), ",") {
@@ -127,9 +186,9 @@ func (f *netFault) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.set(addrs)
 	default:
-		http.Error(w, "GET, or POST block=ADDR,...", http.StatusMethodNotAllowed)
+		http.Error(w, "GET, or POST block=ADDR,... and/or delay=DURATION", http.StatusMethodNotAllowed)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"blocked": f.list()})
+	json.NewEncoder(w).Encode(map[string]any{"blocked": f.list(), "delay": time.Duration(f.delay.Load()).String()})
 }

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -24,18 +26,22 @@ import (
 	"google.golang.org/grpc/reflection"
 )
 
-// Peer is a node of the static cluster.
+// Peer is a node of the static cluster: its ID and peer address.
 type Peer struct {
-	ID   string
-	Addr string
+	ID       string
+	PeerAddr string
 }
 
 // NodeConfig configures one raftps server process.
 type NodeConfig struct {
-	// ID is this node's name, unique in the cluster; Addr its gRPC address,
-	// both listened on and advertised to peers.
-	ID   string
-	Addr string
+	// ID is this node's name, unique in the cluster. Addr is the client
+	// API's address, listened on and advertised to clients; PeerAddr the
+	// peer API's (every Raft group's and chain's traffic and the
+	// node-to-node calls), listened on and advertised to the other nodes
+	// (default: DefaultPeerAddr(Addr)).
+	ID       string
+	Addr     string
+	PeerAddr string
 	// HTTPAddr serves /healthz and /debug/pprof; empty disables it.
 	HTTPAddr string
 	// DataDir holds the metadata group and every shard replica, one directory
@@ -44,8 +50,8 @@ type NodeConfig struct {
 	// How the node finds the cluster, on its first start (a restarted node
 	// resumes from DataDir). One of: Peers, a static list of the first
 	// nodes, this one included, all of which vote in the metadata group;
-	// Bootstrap, this node alone starts a new cluster; Join, addresses of
-	// running nodes to register with (any one will do).
+	// Bootstrap, this node alone starts a new cluster; Join, peer addresses
+	// of running nodes to register with (any one will do).
 	Peers     []Peer
 	Bootstrap bool
 	Join      []string
@@ -72,12 +78,13 @@ type NodeConfig struct {
 	// negative leaves removals to gossip alone.
 	ChainSilence time.Duration
 	// MaxMessageBytes caps a client API message (default 64 MiB); larger
-	// requests are refused with ResourceExhausted. Raft traffic on the same
-	// port has its own, larger limit (replication.MaxRaftMessageBytes).
+	// requests are refused with ResourceExhausted. The peer listener has its
+	// own, larger limit (replication.MaxRaftMessageBytes).
 	MaxMessageBytes int
 	// Gossip configures membership by memberlist: the gossip address
-	// (default: the gRPC host, port + 1000) and whom to join (default: every
-	// peer's default gossip address).
+	// (default: DefaultGossipAddr(Addr)) and whom to join (default: the
+	// gossip address of every peer and join address in the default layout,
+	// GossipAddrOfPeer).
 	Gossip MembershipConfig
 	// FaultInjection serves /debug/netfault on the HTTP port, through which
 	// a test blocks this node's traffic to chosen peers (netfault.go): how
@@ -86,21 +93,29 @@ type NodeConfig struct {
 	Logger         hclog.Logger
 }
 
-// DefaultMaxMessageBytes is the default cap on one gRPC message.
+// DefaultMaxMessageBytes is the default cap on one client API message.
 const DefaultMaxMessageBytes = 64 << 20
 
+// clientSlackBytes is how far over MaxMessageBytes the client listener
+// admits a message, so that the handlers refuse it with a reason that names
+// the limit instead of gRPC's bare ResourceExhausted.
+const clientSlackBytes = 1 << 20
+
+// validate reports what is wrong with a config whose defaults are filled
+// in, naming the field and value at fault.
 func (c NodeConfig) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("node config: %s", fmt.Sprintf(format, args...))
 	}
-	if c.ID == "" {
-		return bad("--id is empty")
-	}
-	if c.Addr == "" {
-		return bad("--addr is empty")
-	}
-	if c.DataDir == "" {
-		return bad("--data-dir is empty")
+	switch {
+	case c.ID == "":
+		return bad("ID is empty")
+	case c.Addr == "":
+		return bad("Addr (the client address) is empty")
+	case c.PeerAddr == c.Addr:
+		return bad("PeerAddr and Addr are both %s: the client and peer APIs need an address each", c.Addr)
+	case c.DataDir == "":
+		return bad("DataDir is empty")
 	}
 	ways := 0
 	for _, w := range []bool{len(c.Peers) > 0, c.Bootstrap, len(c.Join) > 0} {
@@ -109,11 +124,11 @@ func (c NodeConfig) validate() error {
 		}
 	}
 	if ways > 1 {
-		return bad("give one of --peers, --bootstrap and --join")
+		return bad("give one of Peers, Bootstrap and Join")
 	}
 	if ways == 0 {
 		if _, err := os.Stat(filepath.Join(c.DataDir, "meta", "raft.db")); err != nil {
-			return bad("data dir %s holds no cluster state: give --bootstrap (a new cluster), --join ADDR (a running one) or --peers", c.DataDir)
+			return bad("data dir %s holds no cluster state: a first start needs Bootstrap (a new cluster), Join (a running one) or Peers", c.DataDir)
 		}
 	}
 	if len(c.Peers) == 0 {
@@ -122,22 +137,22 @@ func (c NodeConfig) validate() error {
 	seenID, seenAddr := map[string]bool{}, map[string]bool{}
 	self := false
 	for _, p := range c.Peers {
-		if p.ID == "" || p.Addr == "" {
-			return bad("peer %q at %q: both ID and address are needed", p.ID, p.Addr)
+		if p.ID == "" || p.PeerAddr == "" {
+			return bad("peer %q at %q: both ID and peer address are needed", p.ID, p.PeerAddr)
 		}
-		if seenID[p.ID] || seenAddr[p.Addr] {
-			return bad("peer %s=%s listed twice", p.ID, p.Addr)
+		if seenID[p.ID] || seenAddr[p.PeerAddr] {
+			return bad("peer %s=%s listed twice", p.ID, p.PeerAddr)
 		}
-		seenID[p.ID], seenAddr[p.Addr] = true, true
+		seenID[p.ID], seenAddr[p.PeerAddr] = true, true
 		if p.ID == c.ID {
-			if p.Addr != c.Addr {
-				return bad("this node %s is listed in --peers at %s but --addr is %s", c.ID, p.Addr, c.Addr)
+			if p.PeerAddr != c.PeerAddr {
+				return bad("this node %s is listed in Peers at %s but its PeerAddr is %s", c.ID, p.PeerAddr, c.PeerAddr)
 			}
 			self = true
 		}
 	}
 	if !self {
-		return bad("this node %s=%s is not in --peers", c.ID, c.Addr)
+		return bad("this node %s (peer address %s) is not in Peers", c.ID, c.PeerAddr)
 	}
 	return nil
 }
@@ -147,23 +162,25 @@ func (c NodeConfig) validate() error {
 // Concurrency: every method is safe for concurrent use. groups is guarded by
 // mu; the reconcile goroutine is the only one that adds to it.
 type Node struct {
-	cfg    NodeConfig
-	log    hclog.Logger
-	lis    net.Listener
-	server *grpc.Server
-	http   *http.Server
-	mux    *replication.Mux
-	fault  *netFault // nil unless NodeConfig.FaultInjection
-	// chainMux carries every chain replica's traffic on the same server.
-	chainMux *chain.Mux
-	meta     *replication.RaftReplica
-	metaFSM  *metaFSM
-	members  *membership
+	cfg NodeConfig
+	log hclog.Logger
+	// The client API (server, on lis at Addr) and the peer API (peerServer,
+	// on peerLis at PeerAddr: the Peer service, every Raft group's
+	// transport, mux, and every chain's, chainMux).
+	lis, peerLis       net.Listener
+	server, peerServer *grpc.Server
+	http               *http.Server
+	mux                *replication.Mux
+	chainMux           *chain.Mux
+	fault              *netFault // nil unless NodeConfig.FaultInjection
+	meta               *replication.RaftReplica
+	metaFSM            *metaFSM
+	members            *membership
 	// gossipAddr is the address this node gossips on.
 	gossipAddr string
 
 	mu     sync.RWMutex
-	groups map[string]*replication.Group // by groupID
+	groups map[string]*replication.Group // by api.GroupID
 	// metaBarriers and metaVerifies coalesce the metadata leader's
 	// barriers and leadership checks, metaReadyTerm is the term in which it
 	// last completed a barrier (metaReadIndex); confirmer coalesces a chain
@@ -174,7 +191,7 @@ type Node struct {
 	confirmer     *chainConfirmer
 	// broken: as metadata leader, the chain replicas nodes reported broken.
 	broken brokenReports
-	// chains: this node's replicas of chain shards, by groupID (chainnode.go).
+	// chains: this node's replicas of chain shards, by api.GroupID (chainnode.go).
 	chains map[string]*chain.Chain
 	// retired: groups this node closed because the map moved them away;
 	// their data is deleted once the group's leader confirms the node is
@@ -189,7 +206,7 @@ type Node struct {
 	// map's preferred leader. Only reconcileLoop uses it.
 	lastTransfer map[string]time.Time
 	// drift: when this node, leading a group, first saw its Raft
-	// configuration differ from the map entry (by groupID@epoch). Only
+	// configuration differ from the map entry (by api.GroupID@epoch). Only
 	// reconcileLoop uses it.
 	drift map[string]time.Time
 
@@ -228,6 +245,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = DefaultMaxMoves
 	}
+	if cfg.PeerAddr == "" && cfg.Addr != "" {
+		var err error
+		if cfg.PeerAddr, err = DefaultPeerAddr(cfg.Addr); err != nil {
+			return nil, fmt.Errorf("node %s: peer address: %w", cfg.ID, err)
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -236,10 +259,15 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	lis, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+		return nil, fmt.Errorf("node %s: client listener: %w", cfg.ID, err)
+	}
+	peerLis, err := net.Listen("tcp", cfg.PeerAddr)
+	if err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("node %s: peer listener: %w", cfg.ID, err)
 	}
 	n := &Node{
-		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis,
+		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis, peerLis: peerLis,
 		groups: map[string]*replication.Group{}, chains: map[string]*chain.Chain{},
 		retired: map[string]bool{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		leases: map[string]*readLease{},
@@ -250,40 +278,45 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.metaBarriers.fn = n.runMetaBarrier
 	n.metaVerifies.fn = n.runMetaVerify
 	n.confirmer = newChainConfirmer(n)
-	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.Addr), Logger: n.log.Named("transport")}
+	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.PeerAddr), Logger: n.log.Named("transport")}
 	if cfg.FaultInjection {
 		n.fault = newNetFault()
-		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.dial)}
+		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.dial),
+			grpc.WithChainUnaryInterceptor(n.fault.unaryClient)}
 	}
 	n.mux, err = replication.NewMux(muxCfg)
 	if err != nil {
 		lis.Close()
+		peerLis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	n.chainMux, err = chain.NewMux(chain.MuxConfig{LocalAddr: cfg.Addr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
+	n.chainMux, err = chain.NewMux(chain.MuxConfig{LocalAddr: cfg.PeerAddr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
 	if err != nil {
 		n.mux.Close()
 		lis.Close()
+		peerLis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	// One server carries the client API, Raft and chain traffic, and gRPC's limits
-	// are per server (the last option wins): they must admit the larger of
-	// the two, or a follower that fell behind could never receive a full
-	// AppendEntries. The client API handlers enforce MaxMessageBytes
-	// themselves (service.checkSize).
-	opts := replication.ServerOptions()
-	if cfg.MaxMessageBytes > replication.MaxRaftMessageBytes {
-		opts = append(opts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes))
+	// The peer server admits Raft's messages (MaxRaftMessageBytes, more
+	// than a chain message's) and the transports' keepalive pings.
+	peerOpts, clientOpts := replication.ServerOptions(), []grpc.ServerOption{}
+	if n.fault != nil {
+		peerOpts = append(peerOpts, grpc.ChainUnaryInterceptor(n.fault.unary))
+		clientOpts = append(clientOpts, grpc.ChainUnaryInterceptor(n.fault.unary))
 	}
-	n.server = grpc.NewServer(opts...)
-	n.mux.Register(n.server)
-	// ServerOptions admit MaxRaftMessageBytes, more than a chain message's
-	// MaxChainMessageBytes, and the chain's keepalive pings too.
-	n.chainMux.Register(n.server)
+	n.peerServer = grpc.NewServer(peerOpts...)
+	n.mux.Register(n.peerServer)
+	n.chainMux.Register(n.peerServer)
+	shardpb.RegisterPeerServer(n.peerServer, &peerService{n: n})
+	// The client server admits a little over MaxMessageBytes, so that a
+	// request just over the limit gets the handlers' own refusal, which
+	// names the limit and carries its reason (checkSize).
+	clientOpts = append(clientOpts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes+clientSlackBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes+clientSlackBytes))
+	n.server = grpc.NewServer(clientOpts...)
 	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
 	reflection.Register(n.server)
 	n.metaFSM = newMetaFSM(n.kickReconcile)
-	tr, err := n.mux.Transport(metaGroupID)
+	tr, err := n.mux.Transport(api.MetaGroupID)
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -292,12 +325,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	switch {
 	case len(cfg.Peers) > 0:
 		for _, p := range cfg.Peers {
-			metaPeers = append(metaPeers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+			metaPeers = append(metaPeers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.PeerAddr)})
 		}
 	case cfg.Bootstrap:
-		metaPeers = []raft.Server{{ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(cfg.Addr)}}
+		metaPeers = []raft.Server{{ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(cfg.PeerAddr)}}
 	}
-	n.meta, err = replication.OpenRaft(n.raftConfig(metaGroupID, filepath.Join(cfg.DataDir, "meta"), tr, metaPeers), n.metaFSM)
+	n.meta, err = replication.OpenRaft(n.raftConfig(api.MetaGroupID, filepath.Join(cfg.DataDir, "meta"), tr, metaPeers), n.metaFSM)
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -305,7 +338,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	gossip := cfg.Gossip
 	if len(gossip.Join) == 0 {
 		for _, a := range cfg.Join {
-			if ga, err := DefaultGossipAddr(a); err == nil {
+			if ga, err := GossipAddrOfPeer(a); err == nil {
 				gossip.Join = append(gossip.Join, ga)
 			}
 		}
@@ -330,8 +363,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// Raft's first messages to peers fail until they serve too, and are
 	// retried.
 	n.wg.Go(func() {
+		if err := n.peerServer.Serve(peerLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("peer server stopped", "error", err)
+		}
+	})
+	n.wg.Go(func() {
 		if err := n.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.log.Error("grpc server stopped", "error", err)
+			n.log.Error("client server stopped", "error", err)
 		}
 	})
 
@@ -346,11 +384,20 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 			return nil, err
 		}
 	}
-	n.log.Info("node started", "addr", cfg.Addr, "peers", len(cfg.Peers))
+	n.log.Info("node started", "addr", cfg.Addr, "peer-addr", cfg.PeerAddr, "gossip-addr", n.gossipAddr, "peers", len(cfg.Peers))
 	if testBreak != "" {
 		n.log.Error("RAFTPS_TEST_BREAK is set: this node has a deliberate bug, for testing the chaos checkers only", "break", testBreak)
 	}
 	return n, nil
+}
+
+// heartbeatTimeout is the Raft heartbeat timeout of this node's groups, the
+// default's if the config leaves it unset.
+func (n *Node) heartbeatTimeout() time.Duration {
+	if hb := n.cfg.Raft.HeartbeatTimeout; hb > 0 {
+		return hb
+	}
+	return replication.DefaultRaftConfig().HeartbeatTimeout
 }
 
 // chainSilence is NodeConfig.ChainSilence with its default applied.
@@ -358,11 +405,7 @@ func (n *Node) chainSilence() time.Duration {
 	if s := n.cfg.ChainSilence; s != 0 {
 		return s
 	}
-	hb := n.cfg.Raft.HeartbeatTimeout
-	if hb <= 0 {
-		hb = replication.DefaultRaftConfig().HeartbeatTimeout
-	}
-	return max(2*hb, 500*time.Millisecond)
+	return max(2*n.heartbeatTimeout(), 500*time.Millisecond)
 }
 
 // expediteLoop checks every shard replica on this node, and its metadata
@@ -371,11 +414,7 @@ func (n *Node) chainSilence() time.Duration {
 // tables above all: their members are removed, and their reads confirmed,
 // by its leader.
 func (n *Node) expediteLoop() {
-	silence := n.cfg.ExpediteElection
-	hb := n.cfg.Raft.HeartbeatTimeout
-	if hb == 0 {
-		hb = replication.DefaultRaftConfig().HeartbeatTimeout
-	}
+	silence, hb := n.cfg.ExpediteElection, n.heartbeatTimeout()
 	if silence == 0 {
 		silence = hb
 	}
@@ -385,6 +424,7 @@ func (n *Node) expediteLoop() {
 	t := time.NewTicker(max(hb/10, 5*time.Millisecond))
 	defer t.Stop()
 	var groups []*replication.Group
+	handedOver := map[string]time.Time{} // by group: when its slow leader here last handed over
 	for {
 		select {
 		case <-n.closed:
@@ -401,11 +441,27 @@ func (n *Node) expediteLoop() {
 			if _, err := g.ExpediteElection(silence); err != nil {
 				n.log.Warn("expedited election", "error", err)
 			}
+			if g.SlowLeader() && time.Since(handedOver[g.ID()]) > leaderTransferEvery {
+				handedOver[g.ID()] = time.Now()
+				n.handOver(g)
+			}
 		}
 		if _, err := n.meta.ExpediteElection(silence); err != nil {
 			n.log.Warn("expedited election", "error", err)
 		}
 	}
+}
+
+// handOver makes g's leader here, too slow to confirm its leadership in
+// time (replication.Group.SlowLeader), hand leadership to another voter.
+func (n *Node) handOver(g *replication.Group) {
+	r := g.Raft()
+	n.log.Warn("leading too slowly: the last leadership checks each took over half the heartbeat timeout; handing leadership over", "group", g.ID())
+	n.spawn(func() {
+		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
+			n.log.Info("handing over the leadership of a slow leader", "group", g.ID(), "error", err)
+		}
+	})
 }
 
 // raftConfig is the Raft config of one of this node's groups; peers, if
@@ -433,8 +489,11 @@ func (n *Node) spawn(fn func()) bool {
 	return true
 }
 
-// Addr returns the node's gRPC address.
+// Addr returns the node's client address.
 func (n *Node) Addr() string { return n.cfg.Addr }
+
+// PeerAddr returns the node's peer address.
+func (n *Node) PeerAddr() string { return n.cfg.PeerAddr }
 
 // ID returns the node's ID.
 func (n *Node) ID() string { return n.cfg.ID }
@@ -443,17 +502,18 @@ func (n *Node) ID() string { return n.cfg.ID }
 func (n *Node) Group(table string, shard uint32) *replication.Group {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return n.groups[groupID(table, shard)]
+	return n.groups[api.GroupID(table, shard)]
 }
 
-// peerStub returns a client API stub for the node at addr, over the
-// node's one connection to that peer (the Raft transport's).
-func (n *Node) peerStub(addr string) (shardpb.ParameterServerClient, error) {
+// peerStub returns a stub of the peer API of the node at peer address
+// addr, over the node's one connection to that peer (the Raft
+// transport's).
+func (n *Node) peerStub(addr string) (shardpb.PeerClient, error) {
 	cc, err := n.mux.Conn(raft.ServerAddress(addr))
 	if err != nil {
 		return nil, err
 	}
-	return shardpb.NewParameterServerClient(cc), nil
+	return shardpb.NewPeerClient(cc), nil
 }
 
 // Members returns every node of the cluster with its liveness as this
@@ -603,6 +663,9 @@ func (n *Node) Close() error {
 		if n.server != nil {
 			n.server.Stop()
 		}
+		if n.peerServer != nil {
+			n.peerServer.Stop()
+		}
 		if n.mux != nil {
 			if err := n.mux.Close(); err != nil {
 				errs = append(errs, err)
@@ -614,6 +677,7 @@ func (n *Node) Close() error {
 			}
 		}
 		n.lis.Close()
+		n.peerLis.Close()
 		n.spawnMu.Lock()
 		n.stopping = true
 		n.spawnMu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -61,22 +63,22 @@ type pgroup struct {
 // replicas, keeping the current leader where the bound allows, and balanced
 // by augmenting paths.
 //
-// It fails, wrapping ErrBadRequest, when there is no node, a node ID is empty
+// It fails, wrapping api.ErrBadRequest, when there is no node, a node ID is empty
 // or repeated, or a table has no name, a repeated name, or no shards or
 // replicas. Entries of current for unknown tables, shards beyond a table's
 // count, dead or repeated nodes are ignored.
 func Place(nodes []string, tables []PlacementTable, current Placement) (PlacementResult, error) {
 	if len(nodes) == 0 {
-		return PlacementResult{}, fmt.Errorf("%w: placement needs at least one node", ErrBadRequest)
+		return PlacementResult{}, fmt.Errorf("%w: placement needs at least one node", api.ErrBadRequest)
 	}
 	ids := slices.Clone(nodes)
 	slices.Sort(ids)
 	for i, id := range ids {
 		if id == "" {
-			return PlacementResult{}, fmt.Errorf("%w: empty node ID", ErrBadRequest)
+			return PlacementResult{}, fmt.Errorf("%w: empty node ID", api.ErrBadRequest)
 		}
 		if i > 0 && ids[i-1] == id {
-			return PlacementResult{}, fmt.Errorf("%w: node ID %q given twice", ErrBadRequest, id)
+			return PlacementResult{}, fmt.Errorf("%w: node ID %q given twice", api.ErrBadRequest, id)
 		}
 	}
 	ts := slices.Clone(tables)
@@ -84,13 +86,13 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 	for i, t := range ts {
 		switch {
 		case t.Name == "":
-			return PlacementResult{}, fmt.Errorf("%w: table with no name", ErrBadRequest)
+			return PlacementResult{}, fmt.Errorf("%w: table with no name", api.ErrBadRequest)
 		case i > 0 && ts[i-1].Name == t.Name:
-			return PlacementResult{}, fmt.Errorf("%w: table %q given twice", ErrBadRequest, t.Name)
+			return PlacementResult{}, fmt.Errorf("%w: table %q given twice", api.ErrBadRequest, t.Name)
 		case t.Shards <= 0:
-			return PlacementResult{}, fmt.Errorf("%w: table %q has %d shards", ErrBadRequest, t.Name, t.Shards)
+			return PlacementResult{}, fmt.Errorf("%w: table %q has %d shards", api.ErrBadRequest, t.Name, t.Shards)
 		case t.Replicas <= 0:
-			return PlacementResult{}, fmt.Errorf("%w: table %q has %d replicas", ErrBadRequest, t.Name, t.Replicas)
+			return PlacementResult{}, fmt.Errorf("%w: table %q has %d replicas", api.ErrBadRequest, t.Name, t.Replicas)
 		}
 	}
 
@@ -101,7 +103,7 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 		index[id] = i
 		nodeHash[i] = xxhash.Sum64String(id)
 	}
-	score := func(g *pgroup, node int) uint64 { return fmix64(g.base ^ nodeHash[node]) }
+	score := func(g *pgroup, node int) uint64 { return api.Mix64(g.base ^ nodeHash[node]) }
 	// better reports whether node a ranks above node b for g.
 	better := func(g *pgroup, a, b int) bool {
 		sa, sb := score(g, a), score(g, b)
@@ -495,16 +497,6 @@ func groupHash(table string, shard int) uint64 {
 	b = append(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, uint64(shard))
 	return xxhash.Sum64(b)
-}
-
-// fmix64 is MurmurHash3's finalizer, a bijection that mixes every bit.
-func fmix64(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/raftps/raftps/shard/api"
 )
 
 func placementNodes(n int) []string {
@@ -203,8 +205,8 @@ func TestPlacementBadInput(t *testing.T) {
 		{"duplicate table", []string{"a"}, []PlacementTable{{"a", 4, 3}, {"a", 2, 1}}},
 	} {
 		_, err := Place(c.nodes, c.tables, nil)
-		if !errors.Is(err, ErrBadRequest) {
-			t.Errorf("%s: err = %v, want ErrBadRequest", c.name, err)
+		if !errors.Is(err, api.ErrBadRequest) {
+			t.Errorf("%s: err = %v, want api.ErrBadRequest", c.name, err)
 		} else {
 			t.Logf("%s: %v", c.name, err)
 		}

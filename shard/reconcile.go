@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -79,11 +81,11 @@ func (n *Node) reconcileLoop() {
 // map has it at its current addresses already.
 func (n *Node) register(cm *shardpb.ClusterMap) {
 	for _, nd := range cm.Nodes {
-		if nd.Id == n.cfg.ID && nd.Addr == n.cfg.Addr && nd.GossipAddr == n.gossipAddr {
+		if nd.Id == n.cfg.ID && nd.Addr == n.cfg.Addr && nd.PeerAddr == n.cfg.PeerAddr && nd.GossipAddr == n.gossipAddr {
 			return
 		}
 	}
-	req := &shardpb.JoinClusterRequest{Node: &shardpb.ClusterNode{Id: n.cfg.ID, Addr: n.cfg.Addr, GossipAddr: n.gossipAddr}}
+	req := &shardpb.JoinClusterRequest{Node: &shardpb.ClusterNode{Id: n.cfg.ID, Addr: n.cfg.Addr, PeerAddr: n.cfg.PeerAddr, GossipAddr: n.gossipAddr}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if n.meta.Raft.State() == raft.Leader {
@@ -98,7 +100,7 @@ func (n *Node) register(cm *shardpb.ClusterMap) {
 	}
 	for _, p := range n.cfg.Peers {
 		if p.ID != n.cfg.ID {
-			addrs = append(addrs, p.Addr)
+			addrs = append(addrs, p.PeerAddr)
 		}
 	}
 	var last error
@@ -126,10 +128,10 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 	for _, t := range cm.Tables {
 		specs[t.Name] = t
 	}
-	addrOf := nodeAddrs(cm)
+	addrOf := peerAddrs(cm)
 	inMap := map[string]bool{}
 	for _, sm := range cm.Shards {
-		if spec := specs[sm.Table]; spec != nil && isChain(spec) {
+		if spec := specs[sm.Table]; spec != nil && api.IsChain(spec) {
 			n.reconcileChain(sm, spec, addrOf)
 			continue
 		}
@@ -143,7 +145,7 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 			if spec == nil {
 				continue
 			}
-			cfg, err := tableConfig(spec)
+			cfg, err := api.TableConfig(spec)
 			if err != nil {
 				n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
 				continue
@@ -177,7 +179,7 @@ func (n *Node) findRetired() {
 	for table, sh := range replicaDirs(filepath.Join(n.cfg.DataDir, "groups")) {
 		sm := n.metaFSM.shardMap(table, sh)
 		if sm != nil && !isReplica(sm, n.cfg.ID) && sm.Adding != n.cfg.ID {
-			n.retired[groupID(table, sh)] = true
+			n.retired[api.GroupID(table, sh)] = true
 		}
 	}
 }
@@ -258,7 +260,7 @@ func (n *Node) groupOpen(id string) bool {
 // preferred leader when that is another live voter.
 func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 	alive := n.memberMap()
-	addrOf := nodeAddrs(cm)
+	addrOf := peerAddrs(cm)
 	now := time.Now()
 	for _, sm := range cm.Shards {
 		if len(sm.Replicas) == 0 || sm.Replicas[0] == n.cfg.ID || sm.Adding != "" {
@@ -297,7 +299,7 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 // the map is the truth.
 func (n *Node) repairDrift(cm *shardpb.ClusterMap) {
 	now := time.Now()
-	addrOf := nodeAddrs(cm)
+	addrOf := peerAddrs(cm)
 	seen := map[string]bool{}
 	for _, sm := range cm.Shards {
 		id := shardMapKey(sm)
@@ -369,7 +371,7 @@ func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) erro
 	for s := range spec.Shards {
 		sm := n.metaFSM.shardMap(spec.Name, s)
 		if sm == nil {
-			return fmt.Errorf("table %q: %w: shard %d has no map entry", spec.Name, ErrUnavailable, s)
+			return fmt.Errorf("table %q: %w: shard %d has no map entry", spec.Name, api.ErrUnavailable, s)
 		}
 		err := pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
 			qctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -378,7 +380,7 @@ func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) erro
 			return err == nil && resp.LeaderAddr != "", nil
 		})
 		if err != nil {
-			return fmt.Errorf("table %q: %w: shard %d has no leader: %w", spec.Name, ErrUnavailable, s, err)
+			return fmt.Errorf("table %q: %w: shard %d has no leader: %w", spec.Name, api.ErrUnavailable, s, err)
 		}
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -22,18 +24,18 @@ import (
 // configChangeTimeout bounds one Raft configuration change.
 const configChangeTimeout = 10 * time.Second
 
-func (s *service) Reconfigure(ctx context.Context, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
+func (s *peerService) Reconfigure(ctx context.Context, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
 	n := s.n
 	g := n.Group(req.Table, req.Shard)
 	if g == nil {
-		return nil, toStatus(fmt.Errorf("group %s: %w: no replica open on node %s", groupID(req.Table, req.Shard), ErrNotReplica, n.cfg.ID))
+		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: no replica open on node %s", api.GroupID(req.Table, req.Shard), api.ErrNotReplica, n.cfg.ID))
 	}
 	// A change decided from an older map entry than this node has is
 	// refused: its scheduler (a deposed metadata leader, or a round that
 	// read the map before another step changed it) works from a stale view.
 	// This node's map may itself lag; that only narrows the check.
 	if sm := n.metaFSM.shardMap(req.Table, req.Shard); req.Epoch != 0 && sm != nil && sm.Epoch > req.Epoch {
-		return nil, toStatus(fmt.Errorf("group %s: %w: the change was decided at epoch %d, node %s has %d", g.ID(), ErrEpochChanged, req.Epoch, n.cfg.ID, sm.Epoch))
+		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: the change was decided at epoch %d, node %s has %d", g.ID(), api.ErrEpochChanged, req.Epoch, n.cfg.ID, sm.Epoch))
 	}
 	var err error
 	switch req.Op {
@@ -43,12 +45,13 @@ func (s *service) Reconfigure(ctx context.Context, req *shardpb.ReconfigureReque
 	case shardpb.ReconfigureOp_RECONFIGURE_REMOVE:
 		err = n.removeReplica(g, req.NodeId)
 	default:
-		err = fmt.Errorf("%w: reconfigure operation %v", ErrBadRequest, req.Op)
+		err = fmt.Errorf("%w: reconfigure operation %v", api.ErrBadRequest, req.Op)
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
-	return groupView(g.Raft())
+	resp, err := groupView(g.Raft())
+	return resp, n.toStatus(err)
 }
 
 // groupView is a replica's view of its group. A replica that believes it
@@ -65,7 +68,7 @@ func groupView(r *raft.Raft) (*shardpb.ReconfigureResponse, error) {
 	resp := &shardpb.ReconfigureResponse{State: stateName(state), AppliedIndex: r.AppliedIndex(), LeaderId: string(id), LeaderAddr: string(addr)}
 	f := r.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, toStatus(fmt.Errorf("%w: reading the group configuration: %v", ErrUnavailable, err))
+		return nil, fmt.Errorf("%w: reading the group configuration: %v", api.ErrUnavailable, err)
 	}
 	for _, srv := range f.Configuration().Servers {
 		if srv.Suffrage == raft.Voter {
@@ -101,14 +104,14 @@ func notLeaderOf(g *replication.Group) error {
 func (n *Node) addReplica(ctx context.Context, g *replication.Group, table string, shard uint32, id, addr string) error {
 	r := g.Raft()
 	if id == "" || addr == "" {
-		return fmt.Errorf("%w: adding a replica needs the node's ID and address", ErrBadRequest)
+		return fmt.Errorf("%w: adding a replica needs the node's ID and address", api.ErrBadRequest)
 	}
 	if r.State() != raft.Leader {
 		return notLeaderOf(g)
 	}
 	suf, in, err := suffrageOf(r, id)
 	if err != nil {
-		return fmt.Errorf("group %s: %w: %v", g.ID(), ErrUnavailable, err)
+		return fmt.Errorf("group %s: %w: %v", g.ID(), api.ErrUnavailable, err)
 	}
 	if in && suf == raft.Voter {
 		return nil
@@ -129,7 +132,7 @@ func (n *Node) addReplica(ctx context.Context, g *replication.Group, table strin
 		_, err := query()
 		return err == nil, nil
 	}); err != nil {
-		return fmt.Errorf("group %s: %w: node %s did not open its replica: %w", g.ID(), ErrUnavailable, id, err)
+		return fmt.Errorf("group %s: %w: node %s did not open its replica: %w", g.ID(), api.ErrUnavailable, id, err)
 	}
 	if !in {
 		if err := r.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, configChangeTimeout).Error(); err != nil {
@@ -144,7 +147,7 @@ func (n *Node) addReplica(ctx context.Context, g *replication.Group, table strin
 		v, err := query()
 		return err == nil && v.AppliedIndex >= target, nil
 	}); err != nil {
-		return fmt.Errorf("group %s: %w: node %s did not catch up to index %d: %w", g.ID(), ErrUnavailable, id, target, err)
+		return fmt.Errorf("group %s: %w: node %s did not catch up to index %d: %w", g.ID(), api.ErrUnavailable, id, target, err)
 	}
 	if err := r.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, configChangeTimeout).Error(); err != nil {
 		return fmt.Errorf("group %s: making %s a voter: %w", g.ID(), id, raftChangeErr(g, err))
@@ -162,14 +165,14 @@ func (n *Node) removeReplica(g *replication.Group, id string) error {
 	}
 	_, in, err := suffrageOf(r, id)
 	if err != nil {
-		return fmt.Errorf("group %s: %w: %v", g.ID(), ErrUnavailable, err)
+		return fmt.Errorf("group %s: %w: %v", g.ID(), api.ErrUnavailable, err)
 	}
 	if !in {
 		return nil
 	}
 	if id == n.cfg.ID {
 		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
-			return fmt.Errorf("group %s: %w: handing leadership over before removing %s: %v", g.ID(), ErrUnavailable, id, err)
+			return fmt.Errorf("group %s: %w: handing leadership over before removing %s: %v", g.ID(), api.ErrUnavailable, id, err)
 		}
 		return notLeaderOf(g)
 	}
@@ -185,7 +188,7 @@ func raftChangeErr(g *replication.Group, err error) error {
 	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 		return notLeaderOf(g)
 	}
-	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: %v", api.ErrUnavailable, err)
 }
 
 // pollUntil calls cond every interval until it reports done or fails, or

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -57,7 +59,7 @@ type scheduler struct {
 	n *Node
 
 	mu       sync.Mutex
-	inflight map[string]bool // by groupID
+	inflight map[string]bool // by api.GroupID
 	// formed: epoch-1 shards whose group has been seen with a leader. An
 	// entry at epoch 1 is the only one whose replicas bootstrap the group,
 	// so it is left alone until the group exists.
@@ -159,7 +161,7 @@ func (sc *scheduler) silentNodes(cm *shardpb.ClusterMap, now time.Time) map[stri
 		if nd.Id == n.cfg.ID || nd.Admin == shardpb.NodeAdmin_NODE_REMOVED {
 			continue
 		}
-		if t, ok := n.mux.LastHeard(raft.ServerAddress(nd.Addr)); ok && now.Sub(t) > s {
+		if t, ok := n.mux.LastHeard(raft.ServerAddress(nd.PeerAddr)); ok && now.Sub(t) > s {
 			if out == nil {
 				out = map[string]bool{}
 			}
@@ -255,7 +257,7 @@ func (sc *scheduler) round(ctx context.Context) {
 	reorders := 0
 	chain := map[string]bool{}
 	for _, t := range cm.Tables {
-		chain[t.Name] = isChain(t)
+		chain[t.Name] = api.IsChain(t)
 	}
 	for _, sm := range shards {
 		key := shardMapKey(sm)
@@ -390,7 +392,7 @@ func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(
 		err := step(ctx)
 		if sm.Adding != "" {
 			sc.mu.Lock()
-			if err != nil && ctx.Err() == nil && !errors.Is(err, ErrEpochChanged) {
+			if err != nil && ctx.Err() == nil && !errors.Is(err, api.ErrEpochChanged) {
 				sc.failures[key+" "+sm.Adding]++
 			} else if err == nil {
 				delete(sc.failures, key+" "+sm.Adding)
@@ -399,7 +401,7 @@ func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(
 		}
 		if err != nil && ctx.Err() == nil {
 			lvl := sc.n.log.Warn
-			if errors.Is(err, ErrEpochChanged) {
+			if errors.Is(err, api.ErrEpochChanged) {
 				lvl = sc.n.log.Debug
 			}
 			lvl("placement step failed; retrying next round", "group", key, "error", err)
@@ -445,11 +447,11 @@ func (sc *scheduler) beginAdd(ctx context.Context, sm *shardpb.ShardMap, add str
 func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap) error {
 	nd := sc.n.metaFSM.node(sm.Adding)
 	if nd == nil {
-		return fmt.Errorf("node %q: %w", sm.Adding, ErrUnknownNode)
+		return fmt.Errorf("node %q: %w", sm.Adding, api.ErrUnknownNode)
 	}
 	start := time.Now()
 	if _, err := sc.n.callShardLeader(ctx, sm, &shardpb.ReconfigureRequest{
-		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_ADD, NodeId: nd.Id, NodeAddr: nd.Addr, Epoch: sm.Epoch,
+		Table: sm.Table, Shard: sm.Shard, Op: shardpb.ReconfigureOp_RECONFIGURE_ADD, NodeId: nd.Id, NodeAddr: nd.PeerAddr, Epoch: sm.Epoch,
 	}); err != nil {
 		return err
 	}
@@ -486,7 +488,7 @@ func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *s
 	var addrs []string
 	for _, id := range sm.Replicas {
 		if nd := n.metaFSM.node(id); nd != nil {
-			addrs = append(addrs, nd.Addr)
+			addrs = append(addrs, nd.PeerAddr)
 		}
 	}
 	backoff := 20 * time.Millisecond
@@ -498,14 +500,18 @@ func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *s
 				return resp, nil
 			}
 			last = err
-			var re *RemoteError
-			if errors.As(err, &re) && re.LeaderAddr != "" {
-				if resp, err = n.callReconfigure(ctx, re.LeaderAddr, req); err == nil {
-					return resp, nil
+			// A refusal names the leader by ID (and by its client
+			// address, which is not where peers call).
+			var re *api.RemoteError
+			if errors.As(err, &re) && re.LeaderID != "" {
+				if nd := n.metaFSM.node(re.LeaderID); nd != nil && nd.PeerAddr != addr {
+					if resp, err = n.callReconfigure(ctx, nd.PeerAddr, req); err == nil {
+						return resp, nil
+					}
+					last = err
 				}
-				last = err
 			}
-			if !retryable(err) && !errors.Is(err, ErrNotReplica) {
+			if !api.Retryable(err) && !errors.Is(err, api.ErrNotReplica) {
 				return nil, err
 			}
 		}
@@ -519,8 +525,8 @@ func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *s
 }
 
 func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
-	if addr == n.cfg.Addr {
-		resp, err := (&service{n: n}).Reconfigure(ctx, req)
+	if addr == n.cfg.PeerAddr {
+		resp, err := (&peerService{n: n}).Reconfigure(ctx, req)
 		if err != nil {
 			return nil, fromStatus(err)
 		}
@@ -528,15 +534,15 @@ func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.Re
 	}
 	ps, err := n.peerStub(addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", api.ErrUnavailable, err)
 	}
 	resp, err := ps.Reconfigure(ctx, req)
 	if err != nil {
 		err = fromStatus(err)
-		if !errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
-			var re *RemoteError
+		if !errors.Is(err, api.ErrUnavailable) && ctx.Err() == nil {
+			var re *api.RemoteError
 			if !errors.As(err, &re) {
-				err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+				err = fmt.Errorf("%w: %v", api.ErrUnavailable, err)
 			}
 		}
 	}
@@ -635,14 +641,14 @@ func (sc *scheduler) metaVoters(v *view) {
 	// registration and its AddNonvoter) join as non-voters.
 	for _, nd := range v.nodes {
 		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && v.alive(nd.Id) && !slices.Contains(voters, nd.Id) && !slices.Contains(nonvoters, nd.Id) {
-			change("add non-voter", nd.Id, r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.Addr), 0, configChangeTimeout))
+			change("add non-voter", nd.Id, r.AddNonvoter(raft.ServerID(nd.Id), raft.ServerAddress(nd.PeerAddr), 0, configChangeTimeout))
 			return
 		}
 	}
 	if good < desired {
 		for _, id := range nonvoters {
 			if v.placeable(id) && v.alive(id) {
-				change("promote", id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(v.nodes[id].Addr), 0, configChangeTimeout))
+				change("promote", id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(v.nodes[id].PeerAddr), 0, configChangeTimeout))
 				return
 			}
 		}

@@ -9,12 +9,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raftps/raftps/shard/api"
+
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -32,7 +32,7 @@ type service struct {
 // recently it heard from the leader, since commits reach followers after the
 // leader answers. A follower that does not know the table answers with a
 // retryable error instead: for metadata requests a hint to the metadata
-// leader (the client follows it), for data requests ErrUnavailable, unless
+// leader (the client follows it), for data requests api.ErrUnavailable, unless
 // the metadata leader, asked, says the table does not exist.
 func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*shardpb.TableSpec, error) {
 	if spec := n.metaFSM.table(name); spec != nil {
@@ -41,7 +41,7 @@ func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*
 	if err := n.metaAuthoritative(); err != nil {
 		if metaRequest {
 			addr, id := n.meta.Raft.LeaderWithID()
-			return nil, &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
+			return nil, &replication.NotLeaderError{Group: api.MetaGroupID, LeaderID: id, LeaderAddr: addr}
 		}
 		return nil, n.askMetaLeader(ctx, name, err)
 	}
@@ -67,14 +67,14 @@ func (n *Node) metaAuthoritative() error {
 // follower, does not know (why: the reason it is not authoritative). A data
 // request cannot be redirected to the metadata leader, which need not hold
 // the shard's leader, so the node asks it: "unknown table" is final only on
-// the leader's word; anything else is ErrUnavailable, which the client
+// the leader's word; anything else is api.ErrUnavailable, which the client
 // retries.
 func (n *Node) askMetaLeader(ctx context.Context, name string, why error) error {
 	unavailable := func(format string, args ...any) error {
-		return fmt.Errorf("table %q: %w: node %s does not know it and %v, and %s", name, ErrUnavailable, n.cfg.ID, why, fmt.Sprintf(format, args...))
+		return fmt.Errorf("table %q: %w: node %s does not know it and %v, and %s", name, api.ErrUnavailable, n.cfg.ID, why, fmt.Sprintf(format, args...))
 	}
 	addr, _ := n.meta.Raft.LeaderWithID()
-	if addr == "" || string(addr) == n.cfg.Addr {
+	if addr == "" || string(addr) == n.cfg.PeerAddr {
 		return unavailable("no other metadata leader is known")
 	}
 	ps, err := n.peerStub(string(addr))
@@ -83,12 +83,12 @@ func (n *Node) askMetaLeader(ctx context.Context, name string, why error) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, metaAskTimeout)
 	defer cancel()
-	_, err = ps.DescribeTable(ctx, &shardpb.DescribeTableRequest{Name: name})
+	_, err = ps.Forward(ctx, &shardpb.ForwardRequest{From: n.cfg.ID, Call: &shardpb.ForwardRequest_DescribeTable{DescribeTable: &shardpb.DescribeTableRequest{Name: name}}})
 	switch err = fromStatus(err); {
 	case err == nil:
 		return unavailable("the metadata leader %s has it: its creation is not applied here yet", addr)
-	case errors.Is(err, store.ErrUnknownTable):
-		return fmt.Errorf("table %q: %w (the metadata leader %s says so)", name, store.ErrUnknownTable, addr)
+	case errors.Is(err, api.ErrUnknownTable):
+		return fmt.Errorf("table %q: %w (the metadata leader %s says so)", name, api.ErrUnknownTable, addr)
 	default:
 		return unavailable("the metadata leader %s did not say: %v", addr, err)
 	}
@@ -101,9 +101,9 @@ const metaAskTimeout = 3 * time.Second
 // groupFor finds this node's replica of table/shard and the table's spec,
 // for a request carrying the client's map epoch of the shard (0: unknown).
 //
-// Epoch rules: an epoch older than this node's is refused (ErrStaleEpoch),
+// Epoch rules: an epoch older than this node's is refused (api.ErrStaleMap),
 // and so is a request for a shard this node's map does not place here
-// (ErrNotReplica), unless the client's epoch is newer than this node's (its
+// (api.ErrNotReplica), unless the client's epoch is newer than this node's (its
 // map lags; the group itself is the judge then). Either way the client
 // refreshes its map: no request is served by a node the map has moved the
 // shard away from.
@@ -117,7 +117,7 @@ func (n *Node) groupFor(ctx context.Context, table string, shard uint32, epoch u
 	}
 	g := n.Group(table, shard)
 	if g == nil {
-		return nil, nil, fmt.Errorf("group %s: %w: replica not open on node %s yet", groupID(table, shard), ErrUnavailable, n.cfg.ID)
+		return nil, nil, fmt.Errorf("group %s: %w: replica not open on node %s yet", api.GroupID(table, shard), api.ErrUnavailable, n.cfg.ID)
 	}
 	return g, spec, nil
 }
@@ -127,14 +127,14 @@ func (n *Node) groupFor(ctx context.Context, table string, shard uint32, epoch u
 func (n *Node) checkShardEpoch(spec *shardpb.TableSpec, shard uint32, epoch uint64) error {
 	table := spec.Name
 	if shard >= spec.Shards {
-		return fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, ErrUnknownShard)
+		return fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, api.ErrUnknownShard)
 	}
 	if sm := n.metaFSM.shardMap(table, shard); sm != nil {
 		switch {
 		case epoch != 0 && epoch < sm.Epoch:
-			return fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", groupID(table, shard), ErrStaleEpoch, epoch, n.cfg.ID, sm.Epoch)
+			return fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", api.GroupID(table, shard), api.ErrStaleMap, epoch, n.cfg.ID, sm.Epoch)
 		case !isReplica(sm, n.cfg.ID) && epoch <= sm.Epoch:
-			return fmt.Errorf("group %s: %w: node %s is not in its replica set %v at epoch %d", groupID(table, shard), ErrNotReplica, n.cfg.ID, sm.Replicas, sm.Epoch)
+			return fmt.Errorf("group %s: %w: node %s is not in its replica set %v at epoch %d", api.GroupID(table, shard), api.ErrNotReplica, n.cfg.ID, sm.Replicas, sm.Epoch)
 		}
 	}
 	return nil
@@ -155,22 +155,9 @@ func (n *Node) followerFresh(g *replication.Group) error {
 	}
 	limit := max(10*hb, 2*time.Second)
 	if last := r.LastContact(); last.IsZero() || time.Since(last) > limit {
-		return fmt.Errorf("group %s: %w: replica on node %s has not heard from a leader for over %s", g.ID(), ErrUnavailable, n.cfg.ID, limit)
+		return fmt.Errorf("group %s: %w: replica on node %s has not heard from a leader for over %s", g.ID(), api.ErrUnavailable, n.cfg.ID, limit)
 	}
 	return nil
-}
-
-// levelRank orders consistency levels from weakest to strongest.
-func levelRank(c shardpb.Consistency) int {
-	switch c {
-	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		return 1
-	case shardpb.Consistency_CONSISTENCY_BOUNDED:
-		return 2
-	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE:
-		return 3
-	}
-	return 0
 }
 
 // checkSize refuses a request larger than MaxMessageBytes. The gRPC server
@@ -178,32 +165,32 @@ func levelRank(c shardpb.Consistency) int {
 // client API enforces its own limit here, before any work.
 func (s *service) checkSize(what string, req proto.Message) error {
 	if size := proto.Size(req); size > s.n.cfg.MaxMessageBytes {
-		return fmt.Errorf("%w: %s request of %d bytes is larger than max message size %d", ErrRequestTooLarge, what, size, s.n.cfg.MaxMessageBytes)
+		return fmt.Errorf("%w: %s request of %d bytes is larger than max message size %d", api.ErrRequestTooLarge, what, size, s.n.cfg.MaxMessageBytes)
 	}
 	return nil
 }
 
 // Pull serves a pull at the table's level or the stronger one asked:
 // linearizable by the leader after a read-index check; bounded by any
-// replica holding a read lease within the bound (else ErrTooStale: the
+// replica holding a read lease within the bound (else api.ErrTooStale: the
 // client asks another), or by a read replica of the keys if they are hot;
 // eventual by any replica that has heard from a leader lately, or a read
 // replica.
 func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.PullResponse, error) {
 	if err := s.checkSize("pull", req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	spec, err := s.n.lookupSpec(ctx, req.Table, false)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	level := spec.Consistency
 	if req.Consistency != shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
-		if levelRank(req.Consistency) == 0 {
-			return nil, toStatus(fmt.Errorf("%w: consistency %s", ErrBadRequest, req.Consistency))
+		if api.LevelRank(req.Consistency) == 0 {
+			return nil, s.n.toStatus(fmt.Errorf("%w: consistency %s", api.ErrBadRequest, req.Consistency))
 		}
-		if levelRank(req.Consistency) < levelRank(level) && !req.AllowWeaker {
-			return nil, toStatus(fmt.Errorf("table %q is %s: %w: %s requested (set allow_weaker to ask for it)", req.Table, levelName(level), ErrWeakerConsistency, levelName(req.Consistency)))
+		if api.LevelRank(req.Consistency) < api.LevelRank(level) && !req.AllowWeaker {
+			return nil, s.n.toStatus(fmt.Errorf("table %q is %s: %w: %s requested (set allow_weaker to ask for it)", req.Table, api.LevelName(level), api.ErrWeakerConsistency, api.LevelName(req.Consistency)))
 		}
 		level = req.Consistency
 	}
@@ -216,35 +203,35 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		}
 	}
 	if level == shardpb.Consistency_CONSISTENCY_BOUNDED && bound <= 0 {
-		return nil, toStatus(fmt.Errorf("%w: a bounded read of %s table %q needs staleness_bound_ns", ErrBadRequest, levelName(spec.Consistency), req.Table))
+		return nil, s.n.toStatus(fmt.Errorf("%w: a bounded read of %s table %q needs staleness_bound_ns", api.ErrBadRequest, api.LevelName(spec.Consistency), req.Table))
 	}
-	keys, err := DecodeKeys(req.Keys, nil)
+	keys, err := api.DecodeKeys(req.Keys, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if len(keys) == 0 {
-		return nil, toStatus(fmt.Errorf("%w: pull of no keys", ErrBadRequest))
+		return nil, s.n.toStatus(fmt.Errorf("%w: pull of no keys", api.ErrBadRequest))
 	}
 	if need := len(keys) * int(spec.Dim) * 4; need > s.n.cfg.MaxMessageBytes {
-		return nil, toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
+		return nil, s.n.toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", api.ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
 	}
 	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil && s.n.Chain(req.Table, req.Shard) == nil {
 		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {
 			if err != nil {
 				s.n.served.refused(roleReadReplica, level)
-				return nil, toStatus(err)
+				return nil, s.n.toStatus(err)
 			}
 			s.n.served.served(roleReadReplica, level, len(keys))
 			s.n.countHot(spec, req.Shard, keys)
-			return &shardpb.PullResponse{Values: ValuesBytes(out), ServedBy: roleNames[roleReadReplica]}, nil
+			return &shardpb.PullResponse{Values: api.ValuesBytes(out), ServedBy: roleNames[roleReadReplica]}, nil
 		}
 	}
-	if isChain(spec) {
+	if api.IsChain(spec) {
 		return s.chainPull(ctx, spec, req, keys, level, bound)
 	}
 	g, _, err := s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	role := roleFollower
 	if g.IsLeader() {
@@ -258,39 +245,39 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	}
 	if err != nil {
 		s.n.served.refused(role, level)
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	out := make([]float32, len(keys)*int(spec.Dim))
 	checked := level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE && testBreak != breakFollowerLinearizable
 	if err := g.Pull(ctx, keys, out, checked); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
 	s.n.countHot(spec, req.Shard, keys)
-	return &shardpb.PullResponse{Values: ValuesBytes(out), AppliedIndex: g.AppliedIndex(), ServedBy: roleNames[role]}, nil
+	return &shardpb.PullResponse{Values: api.ValuesBytes(out), AppliedIndex: g.AppliedIndex(), ServedBy: roleNames[role]}, nil
 }
 
 func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.PushResponse, error) {
 	if err := s.checkSize("push", req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	spec, err := s.n.lookupSpec(ctx, req.Table, false)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	var g *replication.Group
-	if !isChain(spec) {
+	if !api.IsChain(spec) {
 		if g, _, err = s.n.groupFor(ctx, req.Table, req.Shard, req.Epoch); err != nil {
-			return nil, toStatus(err)
+			return nil, s.n.toStatus(err)
 		}
 	}
-	keys, err := DecodeKeys(req.Keys, nil)
+	keys, err := api.DecodeKeys(req.Keys, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
-	grads, err := DecodeValues(req.Grads, nil)
+	grads, err := api.DecodeValues(req.Grads, nil)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if testBreak == breakDropAckedPush && s.n.pushes.Add(1)%50 == 0 {
 		return &shardpb.PushResponse{}, nil
@@ -300,7 +287,7 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	}
 	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.PushResponse{Duplicate: dup}, nil
 }
@@ -309,7 +296,7 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 // leadership checks of linearizable parts of different groups overlap.
 func (s *service) PullBatch(ctx context.Context, req *shardpb.PullBatchRequest) (*shardpb.PullBatchResponse, error) {
 	if err := s.checkSize("pull batch", req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	parts, errs := serveParts(ctx, req.Parts, s.Pull)
 	return &shardpb.PullBatchResponse{Parts: parts, Errors: errs}, nil
@@ -319,7 +306,7 @@ func (s *service) PullBatch(ctx context.Context, req *shardpb.PullBatchRequest) 
 // shards go to different groups' batchers and logs.
 func (s *service) PushBatch(ctx context.Context, req *shardpb.PushBatchRequest) (*shardpb.PushBatchResponse, error) {
 	if err := s.checkSize("push batch", req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	parts, errs := serveParts(ctx, req.Parts, s.Push)
 	return &shardpb.PushBatchResponse{Parts: parts, Errors: errs}, nil
@@ -339,7 +326,7 @@ func serveParts[Req any, Resp any, PResp interface {
 		if r == nil {
 			r = PResp(new(Resp))
 		}
-		resps[i], errs[i] = r, partError(err)
+		resps[i], errs[i] = r, api.ToPartError(err)
 	}
 	if len(parts) == 1 {
 		one(0)
@@ -353,60 +340,52 @@ func serveParts[Req any, Resp any, PResp interface {
 	return resps, errs
 }
 
-// partError is the PartError of a handler's status error (nil: success).
-func partError(err error) *shardpb.PartError {
-	if err == nil {
-		return &shardpb.PartError{}
-	}
-	st := status.Convert(err)
-	pe := &shardpb.PartError{Code: uint32(st.Code()), Message: st.Message()}
-	for _, d := range st.Details() {
-		if nl, ok := d.(*shardpb.NotLeader); ok {
-			pe.LeaderAddr = nl.LeaderAddr
-		}
-	}
-	return pe
-}
-
 func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableRequest) (*shardpb.CreateTableResponse, error) {
 	if err := s.checkSize("create-table", req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if req.Spec == nil {
-		return nil, toStatus(fmt.Errorf("%w: no table spec", ErrBadRequest))
+		return nil, s.n.toStatus(fmt.Errorf("%w: no table spec", api.ErrBadRequest))
 	}
-	spec, err := normalizeSpec(req.Spec)
+	spec, err := api.NormalizeSpec(req.Spec)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	r := s.n.meta.Raft
 	if r.State() != raft.Leader {
 		addr, id := r.LeaderWithID()
-		return nil, toStatus(&replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr})
+		return nil, s.n.toStatus(&replication.NotLeaderError{Group: api.MetaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
 	s.n.waitPeersRegistered(ctx)
 	cmd, err := s.n.initialPlacement(spec)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	if _, err := s.n.applyMeta(metaCreateTableV2, cmd, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	// Answer once this node serves every shard, so the caller can push at once.
 	ready := s.n.waitTableReady
-	if isChain(spec) {
+	if api.IsChain(spec) {
 		ready = s.n.waitChainReady
 	}
 	if err := ready(ctx, spec); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
 	return &shardpb.CreateTableResponse{Spec: spec}, nil
 }
 
 func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableRequest) (*shardpb.DescribeTableResponse, error) {
+	resp, err := s.describe(ctx, req)
+	return resp, s.n.toStatus(err)
+}
+
+// describe is DescribeTable's answer: the spec, and each shard's placement
+// and leader (its node ID and client address) as this node knows them.
+func (s *service) describe(ctx context.Context, req *shardpb.DescribeTableRequest) (*shardpb.DescribeTableResponse, error) {
 	spec, err := s.n.lookupSpec(ctx, req.Name, true)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := &shardpb.DescribeTableResponse{Spec: spec}
 	resp.Shards, resp.Nodes = s.n.metaFSM.tableShards(spec)
@@ -414,9 +393,10 @@ func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableR
 		l := &shardpb.ShardLeader{Shard: sh}
 		if g := s.n.Group(spec.Name, sh); g != nil {
 			addr, id := g.Raft().LeaderWithID()
-			l.LeaderAddr, l.LeaderId = string(addr), string(id)
+			l.LeaderId = string(id)
+			l.LeaderAddr = s.n.clientAddrOf(l.LeaderId, string(addr))
 		}
-		if sm := resp.Shards[sh]; isChain(spec) && sm != nil && len(sm.Replicas) > 0 {
+		if sm := resp.Shards[sh]; api.IsChain(spec) && sm != nil && len(sm.Replicas) > 0 {
 			// A chain's head is the map's first replica.
 			l.LeaderId = sm.Replicas[0]
 			for _, nd := range resp.Nodes {
@@ -437,7 +417,7 @@ func (s *service) DescribeTable(ctx context.Context, req *shardpb.DescribeTableR
 func (s *service) ListTables(context.Context, *shardpb.ListTablesRequest) (*shardpb.ListTablesResponse, error) {
 	if err := s.n.metaAuthoritative(); err != nil {
 		addr, id := s.n.meta.Raft.LeaderWithID()
-		return nil, toStatus(&replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr})
+		return nil, s.n.toStatus(&replication.NotLeaderError{Group: api.MetaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
 	return &shardpb.ListTablesResponse{Tables: s.n.metaFSM.list()}, nil
 }
@@ -462,99 +442,61 @@ func (n *Node) applyMeta(cmd byte, arg proto.Message, what string) (any, error) 
 	return f.Response(), nil
 }
 
-// forwardedFromKey is the gRPC metadata key a node sets (to its ID) on a job
-// registry call it forwards to the metadata leader. A node receiving such a
-// call that is not the leader (any more) refuses it with a NotLeader hint
-// instead of forwarding it again: one hop at most, however leadership moves.
-const forwardedFromKey = "raftps-forwarded-from"
-
-// onMetaLeader serves a job registry call: with local if this node is the
-// metadata leader, else by forwarding it with remote to the leader over this
-// node's peer connection, whose answer, error status included, is passed
-// back. Trainers, unlike CreateTable's callers, may be given one node's
-// address only, and a follower's redirect could point where they cannot
-// go; a forward costs one hop between nodes that talk anyway.
-func onMetaLeader[Resp any](ctx context.Context, n *Node, local func() (*Resp, error),
-	remote func(context.Context, shardpb.ParameterServerClient) (*Resp, error)) (*Resp, error) {
-	r := n.meta.Raft
-	if r.State() == raft.Leader {
-		resp, err := local()
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		return resp, nil
-	}
-	addr, id := r.LeaderWithID()
-	notLeader := &replication.NotLeaderError{Group: metaGroupID, LeaderID: id, LeaderAddr: addr}
-	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(forwardedFromKey)) > 0 || addr == "" || string(addr) == n.cfg.Addr {
-		return nil, toStatus(notLeader)
-	}
-	ps, err := n.peerStub(string(addr))
-	if err != nil {
-		// The client may reach the leader where this node cannot.
-		return nil, toStatus(notLeader)
-	}
-	resp, err := remote(metadata.AppendToOutgoingContext(ctx, forwardedFromKey, n.cfg.ID), ps)
-	if err != nil {
-		st := status.Convert(err).Proto()
-		st.Message = fmt.Sprintf("node %s forwarded to the metadata leader %s: %s", n.cfg.ID, addr, st.Message)
-		return nil, status.ErrorProto(st)
-	}
-	return resp, nil
-}
-
 func (s *service) JoinJob(ctx context.Context, req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
 	if err := checkJoinRequest(req); err != nil {
-		return nil, toStatus(err)
+		return nil, s.n.toStatus(err)
 	}
-	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinJobResponse, error) {
-		out, err := s.n.applyMeta(metaJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
-		if err != nil {
-			return nil, err
-		}
-		resp, ok := out.(*shardpb.JoinJobResponse)
-		if !ok {
-			return nil, fmt.Errorf("joining job %q: the metadata group answered %T", req.Job, out)
-		}
-		return resp, nil
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.JoinJobResponse, error) {
-		return ps.JoinJob(ctx, req)
-	})
+	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinJobResponse, error) { return s.n.joinJob(req) },
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_JoinJob{JoinJob: req}}, (*shardpb.ForwardResponse).GetJoinJob)
 }
 
 // GetJob answers on the metadata leader's word only, after a barrier, so
 // that a trainer that just joined sees its own join: a follower may not have
 // applied it yet.
 func (s *service) GetJob(ctx context.Context, req *shardpb.GetJobRequest) (*shardpb.GetJobResponse, error) {
-	if err := checkJobName(req.Job); err != nil {
-		return nil, toStatus(err)
+	if err := api.CheckJobName(req.Job); err != nil {
+		return nil, s.n.toStatus(err)
 	}
-	return onMetaLeader(ctx, s.n, func() (*shardpb.GetJobResponse, error) {
-		if err := s.n.metaAuthoritative(); err != nil {
-			return nil, fmt.Errorf("job %q: %w: node %s %v", req.Job, ErrUnavailable, s.n.cfg.ID, err)
-		}
-		j := s.n.metaFSM.job(req.Job)
-		if j == nil {
-			return nil, fmt.Errorf("job %q: %w", req.Job, ErrUnknownJob)
-		}
-		return &shardpb.GetJobResponse{Job: j, Complete: jobComplete(j)}, nil
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.GetJobResponse, error) {
-		return ps.GetJob(ctx, req)
-	})
+	return onMetaLeader(ctx, s.n, func() (*shardpb.GetJobResponse, error) { return s.n.getJob(req) },
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_GetJob{GetJob: req}}, (*shardpb.ForwardResponse).GetGetJob)
 }
 
 func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobResponse, error) {
-	if err := checkJobName(req.Job); err != nil {
-		return nil, toStatus(err)
+	if err := api.CheckJobName(req.Job); err != nil {
+		return nil, s.n.toStatus(err)
 	}
-	return onMetaLeader(ctx, s.n, func() (*shardpb.DeleteJobResponse, error) {
-		if _, err := s.n.applyMeta(metaDeleteJob, req, fmt.Sprintf("deleting job %q", req.Job)); err != nil {
-			return nil, err
-		}
-		return &shardpb.DeleteJobResponse{}, nil
-	}, func(ctx context.Context, ps shardpb.ParameterServerClient) (*shardpb.DeleteJobResponse, error) {
-		return ps.DeleteJob(ctx, req)
-	})
+	return onMetaLeader(ctx, s.n, func() (*shardpb.DeleteJobResponse, error) { return s.n.deleteJob(req) },
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_DeleteJob{DeleteJob: req}}, (*shardpb.ForwardResponse).GetDeleteJob)
+}
+
+func (n *Node) joinJob(req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
+	out, err := n.applyMeta(metaJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
+	if err != nil {
+		return nil, err
+	}
+	resp, ok := out.(*shardpb.JoinJobResponse)
+	if !ok {
+		return nil, fmt.Errorf("joining job %q: the metadata group answered %T", req.Job, out)
+	}
+	return resp, nil
+}
+
+func (n *Node) getJob(req *shardpb.GetJobRequest) (*shardpb.GetJobResponse, error) {
+	if err := n.metaAuthoritative(); err != nil {
+		return nil, fmt.Errorf("job %q: %w: node %s %v", req.Job, api.ErrUnavailable, n.cfg.ID, err)
+	}
+	j := n.metaFSM.job(req.Job)
+	if j == nil {
+		return nil, fmt.Errorf("job %q: %w", req.Job, api.ErrUnknownJob)
+	}
+	return &shardpb.GetJobResponse{Job: j, Complete: jobComplete(j)}, nil
+}
+
+func (n *Node) deleteJob(req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobResponse, error) {
+	if _, err := n.applyMeta(metaDeleteJob, req, fmt.Sprintf("deleting job %q", req.Job)); err != nil {
+		return nil, err
+	}
+	return &shardpb.DeleteJobResponse{}, nil
 }
 
 func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
@@ -562,7 +504,7 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 	cm := n.metaFSM.clusterMap()
 	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version,
 		Hot: n.hotShards(""), Served: n.served.snapshot()}
-	resp.Replicas = append(resp.Replicas, replicaStatus(metaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
+	resp.Replicas = append(resp.Replicas, n.replicaStatus(api.MetaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
 	members := n.memberMap()
 	live := func(id string) bool {
 		st := members[id].State
@@ -595,7 +537,7 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 			resp.Replicas = append(resp.Replicas, chainStatus(ch, sm.Table, sm.Shard, cm, req.GetChecksums()))
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
-			rs := replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
+			rs := n.replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
 			if req.GetChecksums() {
 				// Only a checksum taken while nothing was applied belongs
 				// to the applied index reported.
@@ -636,12 +578,14 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 	return resp, nil
 }
 
-func replicaStatus(group, table string, shard uint32, r *raft.Raft, applied uint64, t *store.Table) *shardpb.ReplicaStatus {
+// replicaStatus is a Raft replica's status line; it names the leader by
+// its node ID and client address.
+func (n *Node) replicaStatus(group, table string, shard uint32, r *raft.Raft, applied uint64, t *store.Table) *shardpb.ReplicaStatus {
 	addr, id := r.LeaderWithID()
 	st := &shardpb.ReplicaStatus{
 		Group: group, Table: table, Shard: shard,
 		State:    stateName(r.State()),
-		LeaderId: string(id), LeaderAddr: string(addr),
+		LeaderId: string(id), LeaderAddr: n.clientAddrOf(string(id), string(addr)),
 		Term: r.CurrentTerm(), AppliedIndex: applied,
 		CommitIndex: r.CommitIndex(), LastIndex: r.LastIndex(),
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc/codes"
 )
@@ -19,7 +19,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
-	if _, err := c.Client().CreateTable(ctx, counterSpec("emb", 1)); err != nil {
+	if _, err := c.Client().Tables().Create(ctx, counterSpec("emb", 1)); err != nil {
 		t.Fatal(err)
 	}
 	// A node leading shard s but not shard o.
@@ -43,16 +43,16 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	}
 	keyOf := func(sh int) []byte {
 		for k := uint64(0); ; k++ {
-			if shard.ShardOf(k, shards) == uint32(sh) {
-				return shard.KeysBytes([]uint64{k})
+			if api.ShardOf(k, shards) == uint32(sh) {
+				return api.KeysBytes([]uint64{k})
 			}
 		}
 	}
 	stub := rawStub(t, c.Addrs()[node])
 	push, err := stub.PushBatch(ctx, &shardpb.PushBatchRequest{Parts: []*shardpb.PushRequest{
-		{Table: "emb", Shard: uint32(s), ClientId: 7, Seq: 1, Keys: keyOf(s), Grads: shard.ValuesBytes([]float32{-2})},
-		{Table: "emb", Shard: uint32(o), ClientId: 7, Seq: 1, Keys: keyOf(o), Grads: shard.ValuesBytes([]float32{-2})},
-		{Table: "nope", Shard: 0, ClientId: 7, Seq: 1, Keys: keyOf(0), Grads: shard.ValuesBytes([]float32{-2})},
+		{Table: "emb", Shard: uint32(s), ClientId: 7, Seq: 1, Keys: keyOf(s), Grads: api.ValuesBytes([]float32{-2})},
+		{Table: "emb", Shard: uint32(o), ClientId: 7, Seq: 1, Keys: keyOf(o), Grads: api.ValuesBytes([]float32{-2})},
+		{Table: "nope", Shard: 0, ClientId: 7, Seq: 1, Keys: keyOf(0), Grads: api.ValuesBytes([]float32{-2})},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	if push.Errors[0].Code != 0 {
 		t.Fatalf("part on the leader failed: %v", push.Errors[0])
 	}
-	if e := push.Errors[1]; codes.Code(e.Code) != codes.FailedPrecondition || e.LeaderAddr == "" || e.LeaderAddr == c.Addrs()[node] {
+	if e := push.Errors[1]; codes.Code(e.Code) != codes.FailedPrecondition || e.GetInfo().GetLeaderAddr() == "" || e.GetInfo().GetLeaderAddr() == c.Addrs()[node] {
 		t.Fatalf("part on a follower: got %v, want FailedPrecondition naming another leader", e)
 	}
 	if e := push.Errors[2]; codes.Code(e.Code) != codes.NotFound {
@@ -79,7 +79,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	if pull.Errors[0].Code != 0 || len(pull.Parts[0].Values) != 4 {
 		t.Fatalf("pull part on the leader: %v, %d bytes", pull.Errors[0], len(pull.Parts[0].Values))
 	}
-	if got, err := shard.DecodeValues(pull.Parts[0].Values, nil); err != nil || got[0] != 2 {
+	if got, err := api.DecodeValues(pull.Parts[0].Values, nil); err != nil || got[0] != 2 {
 		t.Fatalf("row of shard %d is %v (%v), want the one push applied (2)", s, got, err)
 	}
 	if codes.Code(pull.Errors[1].Code) != codes.FailedPrecondition {
@@ -88,7 +88,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	// The refused part was not applied: its row is still zero.
 	out := make([]float32, 1)
 	k := make([]uint64, 1)
-	if _, err := shard.DecodeKeys(keyOf(o), k); err != nil {
+	if _, err := api.DecodeKeys(keyOf(o), k); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Client().Pull(ctx, "emb", k, out); err != nil || out[0] != 0 {
@@ -106,7 +106,7 @@ func TestClientFollowsMovedLeaders(t *testing.T) {
 	ctx := context.Background()
 	cl := c.Client()
 	spec := counterSpec("emb", 2)
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}

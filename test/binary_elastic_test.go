@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // The elastic cluster driven through the real binary: raftps cluster up,
@@ -63,35 +62,15 @@ func clusterAddrs(t *testing.T, dir string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// statusView is the part of raftps status --json these tests read.
-type statusView struct {
-	Nodes []struct {
-		ID       string `json:"id"`
-		State    string `json:"state"`
-		Admin    string `json:"admin"`
-		Replicas uint32 `json:"replicas"`
-		Leaders  uint32 `json:"leaders"`
-	} `json:"nodes"`
-	MapVersion      uint64 `json:"map_version"`
-	UnderReplicated uint32 `json:"under_replicated"`
-	Moving          []struct {
-		Table  string `json:"table"`
-		Shard  uint32 `json:"shard"`
-		Adding string `json:"adding"`
-	} `json:"moving"`
+// statusNode returns the named node's entry of raftps status --json; ok false
+// if status lists none.
+func statusNode(s *client.ClusterStatus, id string) (replicas, leaders int, admin string, ok bool) {
+	n, ok := s.Node(id)
+	return n.Replicas, n.Leaders, n.Admin, ok
 }
 
-// node returns the named node's entry; ok false if status lists none.
-func (s *statusView) node(id string) (replicas, leaders uint32, admin string, ok bool) {
-	for _, n := range s.Nodes {
-		if n.ID == id {
-			return n.Replicas, n.Leaders, n.Admin, true
-		}
-	}
-	return 0, 0, "", false
-}
-
-func (s *statusView) String() string {
+// describe is a status in one line, for the log.
+func describe(s *client.ClusterStatus) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "map v%d, under-replicated %d, moving %d;", s.MapVersion, s.UnderReplicated, len(s.Moving))
 	for _, n := range s.Nodes {
@@ -102,12 +81,12 @@ func (s *statusView) String() string {
 
 // statusJSON runs raftps status --json; a failed run is an error, not fatal,
 // so that polls ride over it.
-func statusJSON(bin, cluster string) (*statusView, error) {
+func statusJSON(bin, cluster string) (*client.ClusterStatus, error) {
 	out, err := exec.Command(bin, "status", "--json", "--timeout", "2s", "--cluster", cluster).Output()
 	if err != nil {
 		return nil, fmt.Errorf("raftps status: %v", err)
 	}
-	st := &statusView{}
+	st := &client.ClusterStatus{}
 	if err := json.Unmarshal(out, st); err != nil {
 		return nil, fmt.Errorf("raftps status --json: %v: %s", err, out)
 	}
@@ -116,7 +95,7 @@ func statusJSON(bin, cluster string) (*statusView, error) {
 
 // waitCLIStatus polls raftps status --json until cond returns "" (done) or
 // timeout passes; cond returns what it still waits for.
-func waitCLIStatus(t *testing.T, bin, cluster string, timeout time.Duration, what string, cond func(*statusView) string) *statusView {
+func waitCLIStatus(t *testing.T, bin, cluster string, timeout time.Duration, what string, cond func(*client.ClusterStatus) string) *client.ClusterStatus {
 	t.Helper()
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -125,10 +104,10 @@ func waitCLIStatus(t *testing.T, bin, cluster string, timeout time.Duration, wha
 		st, err := statusJSON(bin, cluster)
 		if err == nil {
 			if why = cond(st); why == "" {
-				t.Logf("%s after %s: %s", what, time.Since(start).Round(100*time.Millisecond), st)
+				t.Logf("%s after %s: %s", what, time.Since(start).Round(100*time.Millisecond), describe(st))
 				return st
 			}
-			why += " (" + st.String() + ")"
+			why += " (" + describe(st) + ")"
 		} else {
 			why = err.Error()
 		}
@@ -159,7 +138,7 @@ type clientLoad struct {
 	wg   sync.WaitGroup
 }
 
-func startClientLoad(t *testing.T, newClient func() *shard.Client, l *ledger, table string, clients int) *clientLoad {
+func startClientLoad(t *testing.T, newClient func() *client.Client, l *ledger, table string, clients int) *clientLoad {
 	ld := &clientLoad{stop: make(chan struct{})}
 	for w := range clients {
 		cl := newClient()
@@ -195,7 +174,7 @@ func waitAcked(t *testing.T, l *ledger, from, n int64, timeout time.Duration, wh
 
 // verifyPulls pulls every key the ledger has, linearizably, and checks it
 // equals the sum of the acknowledged pushes.
-func verifyPulls(t *testing.T, cl *shard.Client, l *ledger, table string) {
+func verifyPulls(t *testing.T, cl *client.Client, l *ledger, table string) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -206,7 +185,7 @@ func verifyPulls(t *testing.T, cl *shard.Client, l *ledger, table string) {
 	out := make([]float32, len(keys)*l.dim)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.PullWith(ctx, table, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	if err := cl.Pull(ctx, table, keys, out, client.WithConsistency(client.Linearizable)); err != nil {
 		t.Fatal(err)
 	}
 	for i, k := range keys {
@@ -219,9 +198,11 @@ func verifyPulls(t *testing.T, cl *shard.Client, l *ledger, table string) {
 	t.Logf("%d acknowledged pushes, %d keys: every row is their exact sum", l.acked.Load(), len(keys))
 }
 
-func elasticClient(t *testing.T, cluster string) func() *shard.Client {
-	return func() *shard.Client {
-		cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(cluster, ","), RetryTimeout: 30 * time.Second})
+func elasticClient(t *testing.T, cluster string) func() *client.Client {
+	return func() *client.Client {
+		cfg := client.DefaultConfig(strings.Split(cluster, ",")...)
+		cfg.RetryTimeout = 30 * time.Second
+		cl, err := client.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,8 +211,8 @@ func elasticClient(t *testing.T, cluster string) func() *shard.Client {
 }
 
 // mostLeaders returns the node that leads the most shards.
-func mostLeaders(st *statusView) string {
-	best, n := "", uint32(0)
+func mostLeaders(st *client.ClusterStatus) string {
+	best, n := "", 0
 	for _, nd := range st.Nodes {
 		if best == "" || nd.Leaders > n {
 			best, n = nd.ID, nd.Leaders
@@ -250,9 +231,9 @@ func TestBinaryElasticRepairAndGrow(t *testing.T) {
 	bin, dir, cluster := binaryClusterN(t, 5, 1, elasticServerArgs...)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "el", "--dim", "2", "--shards", "16", "--replicas", "3", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
-	l := newLedger(t, &shardpb.TableSpec{Name: "el", Dim: 2, Shards: 16})
-	st := waitCLIStatus(t, bin, cluster, 30*time.Second, "table placed and led", func(st *statusView) string {
-		var replicas, leaders uint32
+	l := newLedger(t, client.TableSpec{Name: "el", Dim: 2, Shards: 16})
+	st := waitCLIStatus(t, bin, cluster, 30*time.Second, "table placed and led", func(st *client.ClusterStatus) string {
+		var replicas, leaders int
 		for _, n := range st.Nodes {
 			replicas += n.Replicas
 			leaders += n.Leaders
@@ -272,8 +253,8 @@ func TestBinaryElasticRepairAndGrow(t *testing.T) {
 	raftps("cluster", "kill", victim, "--dir", dir)
 	killed := time.Now()
 	before := l.acked.Load()
-	waitCLIStatus(t, bin, cluster, elasticGrace+60*time.Second, "repaired without "+victim, func(st *statusView) string {
-		r, _, _, _ := st.node(victim)
+	waitCLIStatus(t, bin, cluster, elasticGrace+60*time.Second, "repaired without "+victim, func(st *client.ClusterStatus) string {
+		r, _, _, _ := statusNode(st, victim)
 		if st.UnderReplicated != 0 || r != 0 {
 			return fmt.Sprintf("under-replicated %d, %s holds %d replicas", st.UnderReplicated, victim, r)
 		}
@@ -290,8 +271,8 @@ func TestBinaryElasticRepairAndGrow(t *testing.T) {
 	cluster = clusterAddrs(t, dir)
 	added := time.Now()
 	before = l.acked.Load()
-	waitCLIStatus(t, bin, cluster, 60*time.Second, "n6 holds its share", func(st *statusView) string {
-		r, lead, admin, ok := st.node("n6")
+	waitCLIStatus(t, bin, cluster, 60*time.Second, "n6 holds its share", func(st *client.ClusterStatus) string {
+		r, lead, admin, ok := statusNode(st, "n6")
 		if !ok || admin != "active" || r < 48/5 || lead < 16/5 {
 			return fmt.Sprintf("n6 (%s) holds %d replicas and leads %d shards, want %d and %d", admin, r, lead, 48/5, 16/5)
 		}
@@ -321,9 +302,9 @@ func TestBinaryElasticDrain(t *testing.T) {
 	bin, _, cluster := binaryClusterN(t, 4, 0, elasticServerArgs...)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "el", "--dim", "2", "--shards", "8", "--replicas", "3", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
-	l := newLedger(t, &shardpb.TableSpec{Name: "el", Dim: 2, Shards: 8})
-	settled := func(st *statusView) string {
-		var replicas, leaders uint32
+	l := newLedger(t, client.TableSpec{Name: "el", Dim: 2, Shards: 8})
+	settled := func(st *client.ClusterStatus) string {
+		var replicas, leaders int
 		for _, n := range st.Nodes {
 			replicas += n.Replicas
 			leaders += n.Leaders
@@ -335,7 +316,7 @@ func TestBinaryElasticDrain(t *testing.T) {
 	}
 	before := waitCLIStatus(t, bin, cluster, 30*time.Second, "table placed and led", settled)
 	victim := mostLeaders(before)
-	r0, _, _, _ := before.node(victim)
+	r0, _, _, _ := statusNode(before, victim)
 
 	// Removing an alive node is refused, with the way to do it.
 	msg := raftpsFails(t, bin, "node", "remove", victim, "--cluster", cluster)
@@ -348,7 +329,7 @@ func TestBinaryElasticDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _, admin, _ := st.node(victim); admin != "active" || r != r0 {
+	if r, _, admin, _ := statusNode(st, victim); admin != "active" || r != r0 {
 		t.Fatalf("refused remove changed %s: admin %s, %d replicas (was active, %d)", victim, admin, r, r0)
 	}
 
@@ -368,11 +349,11 @@ func TestBinaryElasticDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, lead, admin, _ := st.node(victim); r != 0 || lead != 0 || admin != "draining" {
-		t.Fatalf("after drain --wait, %s (%s) holds %d replicas and leads %d shards: %s", victim, admin, r, lead, st)
+	if r, lead, admin, _ := statusNode(st, victim); r != 0 || lead != 0 || admin != "draining" {
+		t.Fatalf("after drain --wait, %s (%s) holds %d replicas and leads %d shards: %s", victim, admin, r, lead, describe(st))
 	}
 	if st.UnderReplicated != 0 {
-		t.Fatalf("after the drain: %s", st)
+		t.Fatalf("after the drain: %s", describe(st))
 	}
 	// Three active nodes are left for 3 replicas: draining another is refused.
 	other := "n1"

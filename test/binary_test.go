@@ -17,11 +17,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/trainer"
 )
 
-// buildBinary builds cmd/raftps into a temp dir once per test binary run.
+// buildBinary builds cmd/raftps into a temp dir.
 func buildBinary(t testing.TB) string {
+	t.Helper()
+	return buildBinaryTags(t, "")
+}
+
+// buildBinaryTags builds cmd/raftps with build tags (comma-separated; ""
+// for none) into a temp dir.
+func buildBinaryTags(t testing.TB, tags string) string {
 	t.Helper()
 	if raceDetector {
 		// The race detector watches this process, which only drives the
@@ -29,7 +37,7 @@ func buildBinary(t testing.TB) string {
 		t.Skip("drives the real binary, which is not built with -race: run without -race")
 	}
 	bin := filepath.Join(t.TempDir(), "raftps")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/raftps/raftps/cmd/raftps")
+	cmd := exec.Command("go", "build", "-tags", tags, "-o", bin, "github.com/raftps/raftps/cmd/raftps")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building raftps: %v\n%s", err, out)
@@ -67,7 +75,12 @@ func binaryClusterEnv(t testing.TB, env []string, serverArgs ...string) (bin, di
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin = buildBinary(t)
+	return binaryClusterBuilt(t, buildBinary(t), env, serverArgs...)
+}
+
+// binaryClusterBuilt is binaryClusterEnv with a binary built already.
+func binaryClusterBuilt(t testing.TB, bin string, env []string, serverArgs ...string) (_, dir, addrs string) {
+	t.Helper()
 	dir = filepath.Join(t.TempDir(), "cluster")
 	base := freePortRun(t, 3)
 	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", serverArgsOf(serverArgs))
@@ -102,15 +115,16 @@ func runRaftps(t testing.TB, bin string, args ...string) string {
 	return string(out)
 }
 
-// freePortRun finds a base port with n consecutive free gRPC ports and their
-// HTTP (base+100...) and gossip (base+1000...) ports. The servers bind them
-// only later, so the run lies below the kernel's ephemeral range, where no
-// outgoing connection (of an in-process cluster in a parallel test) can
-// take one meanwhile, and no two tests of this binary get overlapping runs.
+// freePortRun finds a base port with n consecutive free client ports and
+// their HTTP (base+100...), gossip (base+1000...) and peer (base+2000...)
+// ports. The servers bind them only later, so the run lies below the
+// kernel's ephemeral range, where no outgoing connection (of an in-process
+// cluster in a parallel test) can take one meanwhile, and no two tests of
+// this binary get overlapping runs.
 func freePortRun(t testing.TB, n int) int {
 	t.Helper()
 	const lowest = 10000
-	top := ephemeralLow() - 1000 - runSpan // a run's last gossip port stays below it
+	top := ephemeralLow() - runOffsets[len(runOffsets)-1] - runSpan // a run's last peer port stays below it
 	if n > runSpan || top <= lowest {
 		t.Fatalf("no room for a run of %d nodes below the ephemeral ports (%d)", n, ephemeralLow())
 	}
@@ -120,7 +134,8 @@ func freePortRun(t testing.TB, n int) int {
 		base := lowest + rand.IntN(top-lowest)
 		ok := !slices.ContainsFunc(portRuns, func(b int) bool { return overlapping(base, b) })
 		for i := 0; i < n && ok; i++ {
-			for _, p := range []int{base + i, base + 100 + i, base + 1000 + i} {
+			for _, off := range runOffsets {
+				p := base + off + i
 				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 				if err != nil {
 					ok = false
@@ -148,11 +163,15 @@ var (
 // next port of its run.
 const runSpan = 100
 
+// runOffsets are a node's ports from its client port: client, HTTP, gossip
+// and peer (localcluster's layout).
+var runOffsets = []int{0, 100, 1000, 2000}
+
 // overlapping says whether the runs at bases a and b share a port at any of
 // their offsets.
 func overlapping(a, b int) bool {
-	for _, oa := range []int{0, 100, 1000} {
-		for _, ob := range []int{0, 100, 1000} {
+	for _, oa := range runOffsets {
+		for _, ob := range runOffsets {
 			if d := (a + oa) - (b + ob); d > -runSpan && d < runSpan {
 				return true
 			}
@@ -191,21 +210,18 @@ func TestBinaryClusterFailover(t *testing.T) {
 		t.Errorf("table describe of a chain table printed no chain order:\n%s", got)
 	}
 
-	var desc struct {
-		Leaders []struct {
-			Shard  uint32 `json:"shard"`
-			Leader string `json:"leader"`
-		} `json:"leaders"`
-	}
+	var desc client.TableInfo
 	if err := json.Unmarshal([]byte(raftps("table", "describe", "emb", "--json", "--cluster", cluster)), &desc); err != nil {
 		t.Fatal(err)
 	}
-	victim := desc.Leaders[0].Leader
+	victim := desc.Shards[0].LeaderID
 	if victim == "" {
 		t.Fatalf("shard 0 has no leader: %+v", desc)
 	}
 
-	cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(cluster, ","), RetryTimeout: 20 * time.Second})
+	cfg := client.DefaultConfig(strings.Split(cluster, ",")...)
+	cfg.RetryTimeout = 20 * time.Second
+	cl, err := client.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,11 +303,7 @@ func TestBinaryTrainProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("raftps train: %v\n%s", err, stderr.String())
 	}
-	var res struct {
-		Steps    int     `json:"steps"`
-		FinalAUC float64 `json:"final_auc"`
-		BayesAUC float64 `json:"bayes_auc"`
-	}
+	var res trainer.Summary
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("--json output %q: %v", out, err)
 	}
@@ -423,7 +435,7 @@ func TestBinaryServerStopsWithPID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Process.Kill() }()
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.Contains(line, "serving on") {
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.Contains(line, "serving clients on") {
 		t.Fatalf("server's first line %q (%v)\n%s", line, err, out.String())
 	}
 	exit := make(chan error, 1)

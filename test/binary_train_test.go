@@ -38,22 +38,7 @@ func killAfterLine(t *testing.T, cmd *exec.Cmd, line string) {
 	_ = cmd.Wait()
 }
 
-type trainSummary struct {
-	Mode         string  `json:"mode"`
-	Trainers     int     `json:"trainers"`
-	FirstStep    int     `json:"first_step"`
-	Steps        int     `json:"steps"`
-	Examples     int     `json:"examples"`
-	Late         int     `json:"late_steps"`
-	ExamplesPerS float64 `json:"examples_per_s"`
-	FinalAUC     float64 `json:"final_auc"`
-	BayesAUC     float64 `json:"bayes_auc"`
-	// TimeToTarget is null when the AUC never came within 0.01 of Bayes.
-	TimeToTarget *float64 `json:"time_to_target_s"`
-	WallS        float64  `json:"wall_s"`
-}
-
-func runTrain(t testing.TB, bin string, args ...string) trainSummary {
+func runTrain(t testing.TB, bin string, args ...string) trainer.Summary {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"train", "--json", "--quiet"}, args...)...)
 	var stderr strings.Builder
@@ -62,7 +47,7 @@ func runTrain(t testing.TB, bin string, args ...string) trainSummary {
 	if err != nil {
 		t.Fatalf("raftps train %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
-	var s trainSummary
+	var s trainer.Summary
 	if err := json.Unmarshal(out, &s); err != nil {
 		t.Fatalf("--json output %q: %v", out, err)
 	}
@@ -167,13 +152,13 @@ func BenchmarkTimeToAccuracy(b *testing.B) {
 					"--checkpoint-every", "0", "--job", fmt.Sprintf("tta-%s-%d", m.name, i)}, m.args...)
 				s := runTrain(b, bin, args...)
 				tt := 0.0
-				if s.TimeToTarget != nil {
-					tt = *s.TimeToTarget
+				if s.TimeToTarget.Known() {
+					tt = float64(s.TimeToTarget)
 				}
 				b.ReportMetric(tt, "s_to_target")
 				b.ReportMetric(s.ExamplesPerS, "examples/s")
 				b.ReportMetric(s.FinalAUC, "final_auc")
-				b.ReportMetric(s.BayesAUC, "bayes_auc")
+				b.ReportMetric(float64(s.BayesAUC), "bayes_auc")
 				b.ReportMetric(s.WallS, "train_s")
 			}
 		})
@@ -205,7 +190,7 @@ func TestBinaryTrainReforms(t *testing.T) {
 	if err := zero.Wait(); err != nil {
 		t.Fatalf("trainer 0: %v\n%s", err, zeroErr.String())
 	}
-	var res trainSummary
+	var res trainer.Summary
 	if err := json.Unmarshal([]byte(zeroOut.String()), &res); err != nil {
 		t.Fatalf("trainer 0's summary %q: %v", zeroOut.String(), err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/test/history"
 	"google.golang.org/grpc"
@@ -23,9 +25,9 @@ import (
 
 // chainSpec is a linearizable chain table of 2 shards of dim 2 whose rows
 // are exact sums of the pushed gradients.
-func chainSpec(name string) *shardpb.TableSpec {
-	spec := levelSpec(name, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
-	spec.Dim, spec.Replication = 2, shard.ReplicationChain
+func chainSpec(name string) client.TableSpec {
+	spec := levelSpec(name, client.Linearizable, 0)
+	spec.Dim, spec.Replication = 2, client.Chain
 	return spec
 }
 
@@ -43,13 +45,13 @@ func (c *Cluster) waitChain(table string, s uint32, timeout time.Duration, what 
 // oneChainPushed creates chain table table with one shard, pushes (1, 0) to
 // key 7 and waits until the chain has three members; it returns a client
 // and the shard's map entry.
-func (c *Cluster) oneChainPushed(table string) (*shard.Client, *shardpb.ShardMap) {
+func (c *Cluster) oneChainPushed(table string) (*client.Client, *shardpb.ShardMap) {
 	c.t.Helper()
 	cl := c.Client()
 	ctx := context.Background()
 	spec := chainSpec(table)
 	spec.Shards = 1
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		c.t.Fatal(err)
 	}
 	if err := cl.Push(ctx, table, []uint64{7}, []float32{1, 0}); err != nil {
@@ -78,11 +80,12 @@ func (c *Cluster) metaLeader() int {
 	return -1
 }
 
-// cutOff blackholes node i's traffic (gRPC and gossip) to and from every
-// other node of the cluster; the nodes need FaultInjection.
+// cutOff blackholes node i's traffic (peer gRPC and gossip) to and from
+// every other node of the cluster; clients still reach it. The nodes need
+// FaultInjection.
 func (c *Cluster) cutOff(i int) {
 	c.t.Helper()
-	addrsOf := func(i int) []string { return []string{c.cfgs[i].Addr, c.cfgs[i].Gossip.Addr} }
+	addrsOf := func(i int) []string { return []string{c.cfgs[i].PeerAddr, c.cfgs[i].Gossip.Addr} }
 	var others []string
 	for j := range c.Len() {
 		if j != i {
@@ -111,7 +114,7 @@ func (c *Cluster) heal() {
 
 // pushSecond pushes (1, 0) to key 7 of oneChainPushed's table again and
 // checks that the row holds both pushes.
-func (c *Cluster) pushSecond(cl *shard.Client, table string) {
+func (c *Cluster) pushSecond(cl *client.Client, table string) {
 	c.t.Helper()
 	ctx := context.Background()
 	if err := cl.Push(ctx, table, []uint64{7}, []float32{1, 0}); err != nil {
@@ -140,11 +143,11 @@ func TestChainHistoryThroughKills(t *testing.T) {
 	cl := c.Client()
 	ctx := context.Background()
 	const table = "chist"
-	spec, err := cl.CreateTable(ctx, chainSpec(table))
+	spec, err := cl.Tables().Create(ctx, chainSpec(table))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if spec.Replication != shard.ReplicationChain {
+	if spec.Replication != client.Chain {
 		t.Fatalf("created spec has replication %q", spec.Replication)
 	}
 	rec := history.NewRecorder()
@@ -226,7 +229,7 @@ func TestChainStatus(t *testing.T) {
 	ctx := context.Background()
 	spec := chainSpec("cstat")
 	spec.Shards = 1
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	keys, grads := []uint64{1, 2, 3}, []float32{1, 1, 2, 2, 3, 3}
@@ -238,7 +241,7 @@ func TestChainStatus(t *testing.T) {
 	roles := map[string]string{}
 	var sums []uint64
 	for _, addr := range c.Addrs() {
-		st, err := cl.StatusWith(ctx, addr, &shardpb.StatusRequest{Checksums: true})
+		st, err := cl.Admin().NodeStatus(ctx, addr, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,17 +249,18 @@ func TestChainStatus(t *testing.T) {
 			if rs.Group != "cstat/0" {
 				continue
 			}
-			if rs.Replication != shard.ReplicationChain || rs.ChainEpoch != sm.Epoch || !slices.Equal(rs.ChainOrder, sm.Replicas) {
-				t.Errorf("%s: status %v, want a chain replica at epoch %d with order %v", st.NodeId, rs, sm.Epoch, sm.Replicas)
+			if rs.Replication != api.ReplicationChain || rs.ChainEpoch != sm.Epoch || !slices.Equal(rs.ChainOrder, sm.Replicas) {
+				t.Errorf("%s: status %+v, want a chain replica at epoch %d with order %v", st.NodeID, rs, sm.Epoch, sm.Replicas)
 			}
-			if (rs.State == "leader") != (rs.ChainRole == "head") || rs.LeaderId != sm.Replicas[0] {
-				t.Errorf("%s: state %q role %q leader %q; the head is %s", st.NodeId, rs.State, rs.ChainRole, rs.LeaderId, sm.Replicas[0])
+			if (rs.State == "leader") != (rs.ChainRole == "head") || rs.Leader != sm.Replicas[0] {
+				t.Errorf("%s: state %q role %q leader %q; the head is %s", st.NodeID, rs.State, rs.ChainRole, rs.Leader, sm.Replicas[0])
 			}
-			if !rs.HasChecksum {
-				t.Errorf("%s: no checksum", st.NodeId)
+			roles[st.NodeID] = rs.ChainRole
+			if rs.Checksum == nil {
+				t.Errorf("%s: no checksum", st.NodeID)
+			} else {
+				sums = append(sums, *rs.Checksum)
 			}
-			roles[st.NodeId] = rs.ChainRole
-			sums = append(sums, rs.Checksum)
 		}
 	}
 	want := map[string]string{sm.Replicas[0]: "head", sm.Replicas[1]: "middle", sm.Replicas[2]: "tail"}
@@ -269,16 +273,19 @@ func TestChainStatus(t *testing.T) {
 	// Every level reads the push: an acknowledged push is applied on every
 	// member (each applies before it forwards), so even eventual reads,
 	// served from a member's own state, see it.
-	for _, o := range []shard.PullOptions{{},
-		{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: 50 * time.Millisecond, AllowWeaker: true},
-		{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL, AllowWeaker: true}} {
+	for _, o := range []struct {
+		level string
+		opts  []client.PullOption
+	}{{"table's", nil},
+		{"bounded:50ms", []client.PullOption{client.WithConsistency(client.Bounded), client.WithStaleness(50 * time.Millisecond), client.AllowWeaker()}},
+		{"eventual", []client.PullOption{client.WithConsistency(client.Eventual), client.AllowWeaker()}}} {
 		for range 3 { // spread pulls pick a member at random
 			out := make([]float32, 6)
-			if err := cl.PullOpts(ctx, "cstat", keys, out, o); err != nil {
+			if err := cl.Pull(ctx, "cstat", keys, out, o.opts...); err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(out, []float32{-1, -1, -2, -2, -3, -3}) {
-				t.Errorf("level %v: pulled %v after one sgd:lr=1 push of %v", o.Level, out, grads)
+				t.Errorf("level %v: pulled %v after one sgd:lr=1 push of %v", o.level, out, grads)
 			}
 		}
 	}
@@ -305,7 +312,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 	const table = "ccut"
 	spec := chainSpec(table)
 	spec.Shards = 1
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.Push(ctx, table, []uint64{5}, []float32{1, 0}); err != nil {
@@ -359,7 +366,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 	pull := func(level shardpb.Consistency) (float32, error) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		return firstValue(st.Pull(rctx, &shardpb.PullRequest{Table: table, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, StalenessBoundNs: int64(100 * time.Millisecond), AllowWeaker: true}))
+		return firstValue(st.Pull(rctx, &shardpb.PullRequest{Table: table, Keys: api.KeysBytes([]uint64{5}), Consistency: level, StalenessBoundNs: int64(100 * time.Millisecond), AllowWeaker: true}))
 	}
 	for _, level := range []shardpb.Consistency{shardpb.Consistency_CONSISTENCY_LINEARIZABLE, shardpb.Consistency_CONSISTENCY_BOUNDED} {
 		v, err := pull(level)
@@ -498,12 +505,12 @@ func TestMetaConfirmWritesNoLog(t *testing.T) {
 	_, sm := c.oneChainPushed(table)
 	ctx := context.Background()
 	meta := c.metaLeader()
-	conn, err := grpc.NewClient(c.cfgs[meta].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.cfgs[meta].PeerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ps := shardpb.NewParameterServerClient(conn)
+	ps := shardpb.NewPeerClient(conn)
 	group := fmt.Sprintf("%s/0", table)
 	confirm := func(timeout time.Duration) (uint64, error) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)

@@ -7,35 +7,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-)
 
-// chaosSummary is the part of raftps chaos --json the tests read.
-type chaosSummary struct {
-	Faults []struct {
-		Kind          string `json:"kind"`
-		Node          string `json:"node"`
-		UnavailableMs int64  `json:"unavailable_ms"`
-		Error         string `json:"error"`
-	} `json:"faults"`
-	Acked          int      `json:"acked"`
-	Lost           int      `json:"lost"`
-	Doubled        int      `json:"doubled"`
-	Unknown        int      `json:"unknown"`
-	Linearizable   *bool    `json:"linearizable"`
-	Staleness      *bool    `json:"staleness_ok"`
-	ChecksumsEqual bool     `json:"checksums_equal"`
-	Violations     []string `json:"violations"`
-}
+	"github.com/raftps/raftps/test/chaos"
+)
 
 // runChaos runs raftps chaos on a local cluster and returns its summary and
 // exit status.
-func runChaos(t *testing.T, bin, dir string, args ...string) (chaosSummary, int) {
+func runChaos(t *testing.T, bin, dir string, args ...string) (chaos.Report, int) {
 	t.Helper()
 	return runChaosEnv(t, nil, bin, dir, args...)
 }
 
 // runChaosEnv is runChaos with extra environment variables.
-func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (chaosSummary, int) {
+func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (chaos.Report, int) {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "chaos")
 	cmd := exec.Command(bin, append([]string{"chaos", "--target", "local:" + dir, "--json", "--out", out}, args...)...)
@@ -50,7 +34,7 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 	case err != nil:
 		t.Fatalf("raftps chaos: %v", err)
 	}
-	var s chaosSummary
+	var s chaos.Report
 	if err := json.Unmarshal(stdout, &s); err != nil {
 		t.Fatalf("raftps chaos --json printed %q: %v", stdout, err)
 	}
@@ -59,14 +43,15 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 
 // TestBinaryChaosLocal is make test's short chaos round: a 3-process
 // cluster, a checked workload on a linearizable, a bounded and a chain
-// (linearizable) table, a
-// leader kill, a leader pause (SIGSTOP longer than an election), a leader
-// cut off from the other nodes (fault injection: clients still reach it, so
-// a stale leader serving linearizable reads would show) and a majority cut
-// off (no quorum anywhere until the heal). Every
-// verdict must pass: nothing lost or doubled, the linearizable history
-// linearizable, bounded pulls within their bound, replicas equal, and
-// writes back within a few seconds of each fault.
+// (linearizable) table, a leader kill, a leader pause (SIGSTOP longer than
+// an election), a leader cut off from the other nodes (fault injection:
+// clients still reach it, so a stale leader serving linearizable reads
+// would show) and a majority cut off (no quorum anywhere until the heal).
+// Every verdict must pass: nothing lost or doubled, the linearizable
+// history linearizable, bounded pulls within their bound, replicas equal,
+// writes back within a few seconds of each fault, and the bounded table's
+// reads answered through every single-node fault (chaos fails a run whose
+// read window is over a second; every fault must report one per table).
 func TestBinaryChaosLocal(t *testing.T) {
 	// Beside TestBinaryPausedLeaderNoAttemptTimeout, which mostly waits.
 	t.Parallel()
@@ -81,9 +66,12 @@ func TestBinaryChaosLocal(t *testing.T) {
 		t.Errorf("%d faults injected, want 4 (one of each kind)", len(s.Faults))
 	}
 	for _, f := range s.Faults {
-		t.Logf("  %s %s: writes back after %d ms", f.Kind, f.Node, f.UnavailableMs)
+		t.Logf("  %s %s: writes back after %d ms, read windows %v ms, read p99 %v ms", f.Kind, f.Node, f.UnavailableMs, f.ReadWindowMs, f.ReadP99Ms)
 		if f.UnavailableMs < 0 || f.UnavailableMs > 5000 || f.Error != "" {
 			t.Errorf("fault %s on %s: unavailable %d ms, error %q", f.Kind, f.Node, f.UnavailableMs, f.Error)
+		}
+		if len(f.ReadWindowMs) != 3 || len(f.ReadP99Ms) != 3 {
+			t.Errorf("fault %s on %s: read windows %v and p99 %v, want one per table", f.Kind, f.Node, f.ReadWindowMs, f.ReadP99Ms)
 		}
 	}
 	if s.Acked < 200 || s.Lost != 0 || s.Doubled != 0 || s.Linearizable == nil || !*s.Linearizable ||
@@ -93,17 +81,17 @@ func TestBinaryChaosLocal(t *testing.T) {
 }
 
 // TestBinaryChaosCatchesBrokenBuilds runs chaos against servers with a
-// deliberate bug (RAFTPS_TEST_BREAK) and checks that it fails, and for the
-// right reason: acknowledged pushes that were never applied show up as
+// deliberate bug (RAFTPS_TEST_BREAK, read only by binaries built with the
+// raftps_testbreak tag) and checks that it fails, and for the right reason: acknowledged pushes that were never applied show up as
 // lost; linearizable pulls served by followers without a read index show
 // up as a non-linearizable history.
 func TestBinaryChaosCatchesBrokenBuilds(t *testing.T) {
 	for _, tc := range []struct {
 		brk  string
-		want func(chaosSummary) bool
+		want func(chaos.Report) bool
 	}{
-		{"drop-acked-push", func(s chaosSummary) bool { return s.Lost > 0 }},
-		{"follower-linearizable", func(s chaosSummary) bool { return s.Linearizable != nil && !*s.Linearizable }},
+		{"drop-acked-push", func(s chaos.Report) bool { return s.Lost > 0 }},
+		{"follower-linearizable", func(s chaos.Report) bool { return s.Linearizable != nil && !*s.Linearizable }},
 	} {
 		t.Run(tc.brk, func(t *testing.T) {
 			// Both clusters at once: each is small, and make test's time is
@@ -111,7 +99,7 @@ func TestBinaryChaosCatchesBrokenBuilds(t *testing.T) {
 			// (cluster up) and of chaos's clients.
 			t.Parallel()
 			env := []string{"RAFTPS_TEST_BREAK=" + tc.brk}
-			bin, dir, _ := binaryClusterEnv(t, env, fastTimeouts)
+			bin, dir, _ := binaryClusterBuilt(t, buildBinaryTags(t, "raftps_testbreak"), env, fastTimeouts)
 			s, code := runChaosEnv(t, env, bin, dir, "--duration", "14s", "--every", "10s", "--down", "2s", "--faults", "kill-leader", "--tables", "chaos_lin")
 			t.Logf("exit %d, lost %d, linearizable %v, violations %d", code, s.Lost, deref(s.Linearizable), len(s.Violations))
 			if code == 0 || len(s.Violations) == 0 || !tc.want(s) {

@@ -5,7 +5,6 @@ import (
 
 	"context"
 	"fmt"
-	"github.com/hashicorp/go-hclog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -13,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -74,9 +76,9 @@ func StartClusterWith(t testing.TB, n int, raft replication.RaftConfig, tune fun
 	t.Helper()
 	c := &Cluster{t: t, nodes: make([]*shard.Node, n), tune: tune, base: t.TempDir()}
 	var peers []shard.Peer
-	addrs := freeAddrs(t, 2*n) // gRPC, then gossip
-	for i, addr := range addrs[:n] {
-		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: addr})
+	addrs := freeAddrs(t, 3*n) // client, gossip, then peer addresses
+	for i := range n {
+		peers = append(peers, shard.Peer{ID: fmt.Sprintf("n%d", i+1), PeerAddr: addrs[2*n+i]})
 	}
 	base := c.base
 	for i := range n {
@@ -87,7 +89,7 @@ func StartClusterWith(t testing.TB, n int, raft replication.RaftConfig, tune fun
 				g.Join = append(g.Join, addrs[n+j])
 			}
 		}
-		cfg := shard.NodeConfig{ID: peers[i].ID, Addr: peers[i].Addr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g}
+		cfg := shard.NodeConfig{ID: peers[i].ID, Addr: addrs[i], PeerAddr: peers[i].PeerAddr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g}
 		cfg.Logger = testLogger()
 		if tune != nil {
 			tune(&cfg)
@@ -152,7 +154,7 @@ func freeAddrs(t testing.TB, n int) []string {
 // others' addresses (--join), and returns its index.
 func (c *Cluster) AddNode() int {
 	c.t.Helper()
-	addrs := freeAddrs(c.t, 2)
+	addrs := freeAddrs(c.t, 3)
 	c.mu.Lock()
 	i := len(c.cfgs)
 	id := fmt.Sprintf("n%d", i+1)
@@ -160,11 +162,11 @@ func (c *Cluster) AddNode() int {
 	g.Addr = addrs[1]
 	var join []string
 	for _, cfg := range c.cfgs {
-		join = append(join, cfg.Addr)
+		join = append(join, cfg.PeerAddr)
 		g.Join = append(g.Join, cfg.Gossip.Addr)
 	}
 	raft := c.cfgs[0].Raft
-	cfg := shard.NodeConfig{ID: id, Addr: addrs[0], DataDir: filepath.Join(c.base, id), Join: join, Raft: raft, Gossip: g}
+	cfg := shard.NodeConfig{ID: id, Addr: addrs[0], PeerAddr: addrs[2], DataDir: filepath.Join(c.base, id), Join: join, Raft: raft, Gossip: g}
 	cfg.Logger = testLogger()
 	if c.tune != nil {
 		c.tune(&cfg)
@@ -222,7 +224,7 @@ func (c *Cluster) Node(i int) *shard.Node {
 	return c.nodes[i]
 }
 
-// Addrs returns every node's gRPC address.
+// Addrs returns every node's client address.
 func (c *Cluster) Addrs() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -233,9 +235,24 @@ func (c *Cluster) Addrs() []string {
 	return a
 }
 
+// PeerAddr returns node i's peer address.
+func (c *Cluster) PeerAddr(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfgs[i].PeerAddr
+}
+
 // Client returns a client of the cluster, closed when the test ends.
-func (c *Cluster) Client() *shard.Client {
-	cl, err := shard.NewClient(shard.ClientConfig{Addrs: c.Addrs(), RetryTimeout: 20 * time.Second})
+func (c *Cluster) Client() *client.Client {
+	return c.ClientWith(func(*client.Config) {})
+}
+
+// ClientWith is Client with its config passed through tune first.
+func (c *Cluster) ClientWith(tune func(*client.Config)) *client.Client {
+	cfg := client.DefaultConfig(c.Addrs()...)
+	cfg.RetryTimeout = 20 * time.Second
+	tune(&cfg)
+	cl, err := client.New(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

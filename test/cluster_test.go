@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
@@ -24,8 +26,8 @@ const shards = 4
 
 // counterSpec is an SGD table with lr 1 and zero init, so with small integer
 // gradients every row is an exact sum, whatever the order of pushes.
-func counterSpec(name string, dim uint32) *shardpb.TableSpec {
-	return &shardpb.TableSpec{Name: name, Dim: dim, Shards: shards, Optimizer: "sgd:lr=1", Initializer: "zeros"}
+func counterSpec(name string, dim int) client.TableSpec {
+	return client.TableSpec{Name: name, Dim: dim, Shards: shards, Optimizer: "sgd:lr=1", Initializer: "zeros"}
 }
 
 // ledger records acknowledged pushes: the expected rows, and per shard a
@@ -38,9 +40,9 @@ type ledger struct {
 	acked atomic.Int64
 }
 
-func newLedger(t *testing.T, spec *shardpb.TableSpec) *ledger {
-	cfg := store.TableConfig{Name: spec.Name, Dim: int(spec.Dim), Optimizer: store.Optimizer{Kind: store.SGD, LR: 1}}
-	l := &ledger{dim: int(spec.Dim), want: map[uint64][]float32{}}
+func newLedger(t *testing.T, spec client.TableSpec) *ledger {
+	cfg := store.TableConfig{Name: spec.Name, Dim: spec.Dim, Optimizer: store.Optimizer{Kind: store.SGD, LR: 1}}
+	l := &ledger{dim: spec.Dim, want: map[uint64][]float32{}}
 	for range spec.Shards {
 		tab, err := store.NewTable(cfg)
 		if err != nil {
@@ -57,7 +59,7 @@ func (l *ledger) record(t *testing.T, keys []uint64, grads []float32) {
 	l.acked.Add(1)
 	part := map[uint32][]int{}
 	for i, k := range keys {
-		s := shard.ShardOf(k, uint32(len(l.ref)))
+		s := api.ShardOf(k, uint32(len(l.ref)))
 		part[s] = append(part[s], i)
 		row := l.want[k]
 		if row == nil {
@@ -108,7 +110,7 @@ func pushLoad(t *testing.T, c *Cluster, l *ledger, table string, clients, perCli
 // pushWorker is client w of a push load: it pushes random batches until
 // stop is closed or it made n pushes, recording each acknowledged one. An
 // error fails the test and ends the worker.
-func pushWorker(t *testing.T, cl *shard.Client, l *ledger, table string, w int, seed uint64, n int, stop <-chan struct{}) {
+func pushWorker(t *testing.T, cl *client.Client, l *ledger, table string, w int, seed uint64, n int, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(w), seed))
 	for range n {
 		select {
@@ -162,7 +164,7 @@ func TestClusterReplicatesPushes(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
-	spec, err := cl.CreateTable(context.Background(), counterSpec("emb", 4))
+	spec, err := cl.Tables().Create(context.Background(), counterSpec("emb", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +174,7 @@ func TestClusterReplicatesPushes(t *testing.T) {
 	// Every node knows the table.
 	for i := range 3 {
 		cl := c.Client()
-		tabs, err := cl.ListTables(context.Background())
+		tabs, err := cl.Tables().List(context.Background())
 		if err != nil || len(tabs) != 1 || tabs[0].Name != "emb" {
 			t.Fatalf("node %d lists %v (%v)", i, tabs, err)
 		}
@@ -185,7 +187,7 @@ func TestClusterReplicatesPushes(t *testing.T) {
 func TestClusterLeaderKill(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
-	spec, err := c.Client().CreateTable(context.Background(), counterSpec("emb", 2))
+	spec, err := c.Client().Tables().Create(context.Background(), counterSpec("emb", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +219,7 @@ func TestClusterLeaderKill(t *testing.T) {
 func TestClusterRestartKeepsEverything(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
-	spec, err := c.Client().CreateTable(context.Background(), counterSpec("emb", 3))
+	spec, err := c.Client().Tables().Create(context.Background(), counterSpec("emb", 3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,18 +252,18 @@ func TestClusterBadRequests(t *testing.T) {
 	c := StartCluster(t, 3, FastRaft())
 	cl := c.Client()
 	ctx := context.Background()
-	if _, err := cl.CreateTable(ctx, counterSpec("emb", 2)); err != nil {
+	if _, err := cl.Tables().Create(ctx, counterSpec("emb", 2)); err != nil {
 		t.Fatal(err)
 	}
 	leader := c.Leader("emb", 0, 5*time.Second)
 	lead := rawStub(t, c.Addrs()[leader])
 	follower := rawStub(t, c.Addrs()[(leader+1)%3])
 	key0 := uint64(0)
-	for shard.ShardOf(key0, shards) != 0 {
+	for api.ShardOf(key0, shards) != 0 {
 		key0++
 	}
-	k := shard.KeysBytes([]uint64{key0})
-	g := func(v ...float32) []byte { return shard.ValuesBytes(v) }
+	k := api.KeysBytes([]uint64{key0})
+	g := func(v ...float32) []byte { return api.ValuesBytes(v) }
 	cases := []struct {
 		name string
 		call func() error
@@ -309,13 +311,13 @@ func TestClusterBadRequests(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "dim = 5000"},
 		{"table exists", func() error {
-			_, err := c.Client().CreateTable(ctx, counterSpec("emb", 2))
+			_, err := c.Client().Tables().Create(ctx, counterSpec("emb", 2))
 			return err
 		}, codes.AlreadyExists, "already exists"},
 	}
 	for _, tc := range cases {
 		err := tc.call()
-		var re *shard.RemoteError
+		var re *client.RemoteError
 		if errors.As(err, &re) {
 			err = status.Error(re.Code, re.Msg)
 		}
@@ -329,14 +331,14 @@ func TestClusterBadRequests(t *testing.T) {
 	st, _ := status.FromError(err)
 	found := false
 	for _, d := range st.Details() {
-		if nl, ok := d.(*shardpb.NotLeader); ok && nl.LeaderAddr == c.Addrs()[leader] {
+		if info, ok := d.(*shardpb.ErrorInfo); ok && info.Reason == string(api.ReasonNotLeader) && info.LeaderAddr == c.Addrs()[leader] {
 			found = true
 		}
 	}
 	if !found {
-		t.Fatalf("NotLeader detail missing or wrong: %v", st.Details())
+		t.Fatalf("NOT_LEADER ErrorInfo detail missing or wrong: %v", st.Details())
 	}
-	if _, err := cl.Describe(ctx, "nope"); !errors.Is(err, store.ErrUnknownTable) {
+	if _, err := cl.Tables().Describe(ctx, "nope"); !errors.Is(err, client.ErrUnknownTable) {
 		t.Fatalf("client error for an unknown table: %v", err)
 	}
 	// Nothing was applied: every row is still zero and seq 1 is unused.
@@ -351,7 +353,7 @@ func TestClusterBadRequests(t *testing.T) {
 	// heartbeat timeout and move leadership, which the checks above rely on.
 	// The request is refused whole and the node goes on serving.
 	big := make([]uint64, (shard.DefaultMaxMessageBytes/8)+1024)
-	_, err = lead.Pull(ctx, &shardpb.PullRequest{Table: "emb", Keys: shard.KeysBytes(big)})
+	_, err = lead.Pull(ctx, &shardpb.PullRequest{Table: "emb", Keys: api.KeysBytes(big)})
 	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "larger than max") {
 		t.Fatalf("oversized pull: got %v, want ResourceExhausted mentioning the limit", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -49,21 +49,21 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 		c := StartCluster(b, nodes, FastRaft())
 		ctx := context.Background()
 		admin := c.Client()
-		createLoaded(b, c, admin, &shardpb.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01",
-			Replication: os.Getenv("RAFTPS_BENCH_REPLICATION")}, rows)
+		createLoaded(b, c, admin, client.TableSpec{Name: "zipf", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=0.01",
+			Replication: client.Replication(os.Getenv("RAFTPS_BENCH_REPLICATION"))}, rows)
 
 		type config struct {
 			name  string
-			level shardpb.Consistency
+			level client.Level
 			bound time.Duration
 			hot   float64
 		}
 		configs := []config{
-			{"linearizable", shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0, 0},
-			{"bounded:100ms", shardpb.Consistency_CONSISTENCY_BOUNDED, 100 * time.Millisecond, 0},
-			{"bounded:100ms +hot", shardpb.Consistency_CONSISTENCY_BOUNDED, 100 * time.Millisecond, 50},
-			{"eventual", shardpb.Consistency_CONSISTENCY_EVENTUAL, 0, 0},
-			{"eventual +hot", shardpb.Consistency_CONSISTENCY_EVENTUAL, 0, 50},
+			{"linearizable", client.Linearizable, 0, 0},
+			{"bounded:100ms", client.Bounded, 100 * time.Millisecond, 0},
+			{"bounded:100ms +hot", client.Bounded, 100 * time.Millisecond, 50},
+			{"eventual", client.Eventual, 0, 0},
+			{"eventual +hot", client.Eventual, 0, 50},
 		}
 		var report strings.Builder
 		fmt.Fprintf(&report, "%-6s %-6s %-20s %12s %9s %9s %10s %10s %8s\n", "zipf", "pulls", "level", "pull rows/s", "p50", "p99", "busiest", "hot keys", "vs lin")
@@ -78,12 +78,12 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 				if only := os.Getenv("RAFTPS_BENCH_ONLY"); only != "" && only != fmt.Sprintf("%.1f/%d/%s", s, ps.pushEach, cf.name) {
 					continue
 				}
-				if _, err := admin.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "zipf", Consistency: cf.level, StalenessBoundNs: int64(cf.bound),
-					SetHot: true, HotThreshold: cf.hot}); err != nil {
+				if _, err := admin.Tables().Alter(ctx, "zipf", client.SetConsistency(client.Consistency{Level: cf.level, Bound: cf.bound}),
+					client.SetHotKeys(cf.hot, 0)); err != nil {
 					b.Fatal(err)
 				}
 				// Fresh clients: they learn the altered spec.
-				clients := make([]*shard.Client, 4)
+				clients := make([]*client.Client, 4)
 				for i := range clients {
 					clients[i] = c.Client()
 				}
@@ -94,7 +94,7 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 						hot += len(hs.Keys)
 					}
 				}
-				if cf.level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE {
+				if cf.level == client.Linearizable {
 					linRate = res.rate
 				}
 				mix := "90%"
@@ -113,18 +113,18 @@ func BenchmarkConsistencyLevels(b *testing.B) {
 // createLoaded creates a table on a cluster of at least its replica count,
 // waits until every shard has its replicas, and pushes rows distinct keys
 // (0..rows-1), so every pull of them reads stored rows.
-func createLoaded(b *testing.B, c *Cluster, cl *shard.Client, spec *shardpb.TableSpec, rows int) {
-	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
+func createLoaded(b *testing.B, c *Cluster, cl *client.Client, spec client.TableSpec, rows int) {
+	if _, err := cl.Tables().Create(context.Background(), spec); err != nil {
 		b.Fatal(err)
 	}
-	if spec.Replication == shard.ReplicationChain {
-		for s := range spec.Shards {
-			c.waitChain(spec.Name, s, 30*time.Second, "all members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == int(spec.Replicas) })
+	if spec.Replication == client.Chain {
+		for s := range uint32(spec.Shards) {
+			c.waitChain(spec.Name, s, 30*time.Second, "all members", func(sm *shardpb.ShardMap) bool { return len(sm.Replicas) == spec.Replicas })
 		}
 	} else {
-		c.waitSettled(b, spec.Name, int(spec.Replicas), nil, 30*time.Second)
+		c.waitSettled(b, spec.Name, spec.Replicas, nil, 30*time.Second)
 	}
-	table, dim := spec.Name, int(spec.Dim)
+	table, dim := spec.Name, spec.Dim
 	start := time.Now()
 	const batch = 8192
 	keys := make([]uint64, batch)
@@ -151,7 +151,7 @@ type zipfResult struct {
 
 // runZipf runs the pull/push workload (one op in pushEach a push; 0: pulls
 // only) for warm, then measures it for measure.
-func runZipf(b *testing.B, c *Cluster, clients []*shard.Client, table string, s float64, pushEach, rows, batch, dim, workers int, warm, measure time.Duration) zipfResult {
+func runZipf(b *testing.B, c *Cluster, clients []*client.Client, table string, s float64, pushEach, rows, batch, dim, workers int, warm, measure time.Duration) zipfResult {
 	var measuring atomic.Bool
 	var pulled atomic.Int64
 	stop := make(chan struct{})

@@ -3,7 +3,6 @@ package test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -21,7 +22,7 @@ func firstValue(resp *shardpb.PullResponse, err error) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, err := shard.DecodeValues(resp.Values, nil)
+	v, err := api.DecodeValues(resp.Values, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -48,10 +49,10 @@ func served(c *Cluster, role, level string) (requests, refused uint64) {
 	return requests, refused
 }
 
-func levelSpec(name string, level shardpb.Consistency, bound time.Duration) *shardpb.TableSpec {
+func levelSpec(name string, level client.Level, bound time.Duration) client.TableSpec {
 	spec := counterSpec(name, 4)
 	spec.Shards = 2
-	spec.Consistency, spec.StalenessBoundNs = level, int64(bound)
+	spec.Consistency = client.Consistency{Level: level, Bound: bound}
 	return spec
 }
 
@@ -67,17 +68,17 @@ func TestConsistencyLevelsServedWhere(t *testing.T) {
 	const bound = 100 * time.Millisecond
 	tables := []struct {
 		name  string
-		level shardpb.Consistency
+		level client.Level
 		bound time.Duration
 	}{
-		{"lin", shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0},
-		{"bnd", shardpb.Consistency_CONSISTENCY_BOUNDED, bound},
-		{"evt", shardpb.Consistency_CONSISTENCY_EVENTUAL, 0},
+		{"lin", client.Linearizable, 0},
+		{"bnd", client.Bounded, bound},
+		{"evt", client.Eventual, 0},
 	}
 	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
 	out := make([]float32, len(keys)*4)
 	for _, tb := range tables {
-		if _, err := cl.CreateTable(ctx, levelSpec(tb.name, tb.level, tb.bound)); err != nil {
+		if _, err := cl.Tables().Create(ctx, levelSpec(tb.name, tb.level, tb.bound)); err != nil {
 			t.Fatal(err)
 		}
 		for range 60 {
@@ -119,21 +120,21 @@ func TestConsistencyLevelsServedWhere(t *testing.T) {
 	}
 
 	// Weaker than the table: refused, unless asked for knowingly.
-	err := cl.PullOpts(ctx, "lin", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL})
-	if !errors.Is(err, shard.ErrWeakerConsistency) {
+	err := cl.Pull(ctx, "lin", keys, out, client.WithConsistency(client.Eventual))
+	if !errors.Is(err, client.ErrWeakerConsistency) {
 		t.Errorf("eventual pull of a linearizable table: %v, want ErrWeakerConsistency", err)
 	}
-	if err := cl.PullOpts(ctx, "lin", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_EVENTUAL, AllowWeaker: true}); err != nil {
+	if err := cl.Pull(ctx, "lin", keys, out, client.WithConsistency(client.Eventual), client.AllowWeaker()); err != nil {
 		t.Errorf("eventual pull of a linearizable table with AllowWeaker: %v", err)
 	}
-	err = cl.PullOpts(ctx, "bnd", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: time.Second})
-	if !errors.Is(err, shard.ErrWeakerConsistency) && err != nil {
+	err = cl.Pull(ctx, "bnd", keys, out, client.WithConsistency(client.Bounded), client.WithStaleness(time.Second))
+	if !errors.Is(err, client.ErrWeakerConsistency) && err != nil {
 		t.Errorf("looser bound: %v", err)
 	}
 	// Stronger is always allowed, and served by leaders.
 	before, _ := served(c, "follower", "linearizable")
 	for range 10 {
-		if err := cl.PullOpts(ctx, "evt", keys, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_LINEARIZABLE}); err != nil {
+		if err := cl.Pull(ctx, "evt", keys, out, client.WithConsistency(client.Linearizable)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -142,17 +143,17 @@ func TestConsistencyLevelsServedWhere(t *testing.T) {
 	}
 
 	// Alter: bnd becomes linearizable; then no follower serves it.
-	spec, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "bnd", Consistency: shardpb.Consistency_CONSISTENCY_LINEARIZABLE})
+	spec, err := cl.Tables().Alter(ctx, "bnd", client.SetConsistency(client.Consistency{Level: client.Linearizable}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if spec.Consistency != shardpb.Consistency_CONSISTENCY_LINEARIZABLE || spec.StalenessBoundNs != 0 {
-		t.Fatalf("altered spec %v", spec)
+	if spec.Consistency.Level != client.Linearizable || spec.Consistency.Bound != 0 {
+		t.Fatalf("altered spec %+v", spec)
 	}
-	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "bnd", Consistency: shardpb.Consistency_CONSISTENCY_BOUNDED}); err == nil {
+	if _, err := cl.Tables().Alter(ctx, "bnd", client.SetConsistency(client.Consistency{Level: client.Bounded})); err == nil {
 		t.Error("altering to bounded without a bound succeeded")
 	}
-	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "nope", Consistency: shardpb.Consistency_CONSISTENCY_EVENTUAL}); err == nil {
+	if _, err := cl.Tables().Alter(ctx, "nope", client.SetConsistency(client.Consistency{Level: client.Eventual})); err == nil {
 		t.Error("altering an unknown table succeeded")
 	}
 }
@@ -161,14 +162,14 @@ func TestConsistencyLevelsServedWhere(t *testing.T) {
 // the others, and checks that it becomes hot, gets read replicas on the two
 // nodes outside its shard's replica set, that those serve it, and that what
 // they serve stays within the bound.
-func TestHotKeysGetReadReplicas(t *testing.T) { testHotKeys(t, shard.ReplicationRaft) }
+func TestHotKeysGetReadReplicas(t *testing.T) { testHotKeys(t, client.Raft) }
 
 // TestHotKeysGetReadReplicasChain is TestHotKeysGetReadReplicas on a chain
 // table: the head decides the hot set and the read replicas copy the rows
 // by CRAQ reads.
-func TestHotKeysGetReadReplicasChain(t *testing.T) { testHotKeys(t, shard.ReplicationChain) }
+func TestHotKeysGetReadReplicasChain(t *testing.T) { testHotKeys(t, client.Chain) }
 
-func testHotKeys(t *testing.T, replication string) {
+func testHotKeys(t *testing.T, replication client.Replication) {
 	c, cl := hotCluster(t, replication, nil)
 	ctx := context.Background()
 	hot, _ := waitHot(t, c, cl, "hot", 42, 2, -1)
@@ -179,7 +180,7 @@ func testHotKeys(t *testing.T, replication string) {
 
 	// Hot keys off: the leader releases its read replicas at its next
 	// window, well before their assignment would expire on its own.
-	if _, err := cl.AlterTable(ctx, &shardpb.AlterTableRequest{Name: "hot", SetHot: true}); err != nil {
+	if _, err := cl.Tables().Alter(ctx, "hot", client.SetHotKeys(0, 0)); err != nil {
 		t.Fatal(err)
 	}
 	shard := hot.Shard
@@ -208,12 +209,12 @@ const hotBound = 100 * time.Millisecond
 // nil) and creates table "hot" on them: bounded by hotBound, 2 shards of 3
 // replicas (so 2 nodes lie outside each replica set), hot at 50 pulls/s
 // with 2 read replicas, replicated as replication.
-func hotCluster(t *testing.T, replication string, tune func(*shard.NodeConfig)) (*Cluster, *shard.Client) {
+func hotCluster(t *testing.T, replication client.Replication, tune func(*shard.NodeConfig)) (*Cluster, *client.Client) {
 	c := StartClusterWith(t, 5, FastRaft(), tune)
 	cl := c.Client()
-	spec := levelSpec("hot", shardpb.Consistency_CONSISTENCY_BOUNDED, hotBound)
+	spec := levelSpec("hot", client.Bounded, hotBound)
 	spec.HotThreshold, spec.HotReplicas, spec.Replication = 50, 2, replication
-	if _, err := cl.CreateTable(context.Background(), spec); err != nil {
+	if _, err := cl.Tables().Create(context.Background(), spec); err != nil {
 		t.Fatal(err)
 	}
 	return c, cl
@@ -224,7 +225,7 @@ func hotCluster(t *testing.T, replication string, tune func(*shard.NodeConfig)) 
 // each of which must see every push; round after round until read replicas
 // have served 20 more bounded pulls than when it began, over at least 5
 // rounds. It fails the test after 15 s, and returns the pushes made in all.
-func checkHotPulls(t *testing.T, c *Cluster, cl *shard.Client, pushes int) int {
+func checkHotPulls(t *testing.T, c *Cluster, cl *client.Client, pushes int) int {
 	t.Helper()
 	ctx := context.Background()
 	key, row := []uint64{42}, make([]float32, 4)
@@ -257,7 +258,7 @@ func checkHotPulls(t *testing.T, c *Cluster, cl *shard.Client, pushes int) int {
 // the key's shard is that key alone with at least replicas read replicas;
 // it fails the test after 20 s. The node is not skip (-1: any). It returns
 // that hot set and the node's index.
-func waitHot(t *testing.T, c *Cluster, cl *shard.Client, table string, key uint64, replicas, skip int) (*shardpb.HotShard, int) {
+func waitHot(t *testing.T, c *Cluster, cl *client.Client, table string, key uint64, replicas, skip int) (*shardpb.HotShard, int) {
 	t.Helper()
 	row := make([]float32, 4)
 	var last []*shardpb.HotShard
@@ -291,8 +292,8 @@ func waitHot(t *testing.T, c *Cluster, cl *shard.Client, table string, key uint6
 // again and assigns read replicas, which take its assignment (a higher
 // term or epoch) and serve the hot key within the bound.
 func TestHotKeysAfterLeaderKill(t *testing.T) {
-	for _, replication := range []string{shard.ReplicationRaft, shard.ReplicationChain} {
-		t.Run(replication, func(t *testing.T) {
+	for _, replication := range []client.Replication{client.Raft, client.Chain} {
+		t.Run(string(replication), func(t *testing.T) {
 			c, cl := hotCluster(t, replication, nil)
 			_, decider := waitHot(t, c, cl, "hot", 42, 2, -1)
 			pushes := checkHotPulls(t, c, cl, 0)
@@ -312,7 +313,7 @@ func TestHotKeysAfterLeaderKill(t *testing.T) {
 // takes over: it can confirm no epoch, so it serves no bounded pull, so
 // its counts fall and its hot set empties within two windows.
 func TestHotKeysCutOffChainHead(t *testing.T) {
-	c, cl := hotCluster(t, shard.ReplicationChain, func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
+	c, cl := hotCluster(t, client.Chain, func(cfg *shard.NodeConfig) { cfg.FaultInjection = true })
 	hs, head := waitHot(t, c, cl, "hot", 42, 2, -1)
 	if c.Index(c.ShardMap("hot", hs.Shard).Replicas[0]) != head {
 		t.Fatalf("%s decides the hot set of a chain headed by %s", c.ID(head), c.ShardMap("hot", hs.Shard).Replicas[0])
@@ -337,9 +338,9 @@ func TestCutOffReplicaRefusesBoundedReads(t *testing.T) {
 	cl := c.Client()
 	ctx := context.Background()
 	const bound = 100 * time.Millisecond
-	spec := levelSpec("cut", shardpb.Consistency_CONSISTENCY_BOUNDED, bound)
+	spec := levelSpec("cut", client.Bounded, bound)
 	spec.Shards = 1
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.Push(ctx, "cut", []uint64{5}, []float32{2, 0, 0, 0}); err != nil {
@@ -360,11 +361,11 @@ func TestCutOffReplicaRefusesBoundedReads(t *testing.T) {
 	defer conn.Close()
 	st := shardpb.NewParameterServerClient(conn)
 	pull := func(level shardpb.Consistency) (float32, error) {
-		return firstValue(st.Pull(ctx, &shardpb.PullRequest{Table: "cut", Shard: 0, Keys: shard.KeysBytes([]uint64{5}), Consistency: level, AllowWeaker: true}))
+		return firstValue(st.Pull(ctx, &shardpb.PullRequest{Table: "cut", Shard: 0, Keys: api.KeysBytes([]uint64{5}), Consistency: level, AllowWeaker: true}))
 	}
 	time.Sleep(bound + bound/2)
-	if _, err := pull(shardpb.Consistency_CONSISTENCY_BOUNDED); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), shard.ErrTooStale.Error()) {
-		t.Errorf("bounded read of a cut-off replica %s after its lease: %v, want Unavailable %q", bound+bound/2, err, shard.ErrTooStale)
+	if _, err := pull(shardpb.Consistency_CONSISTENCY_BOUNDED); status.Code(err) != codes.Unavailable || !errors.Is(api.FromStatus(err), api.ErrTooStale) {
+		t.Errorf("bounded read of a cut-off replica %s after its lease: %v, want Unavailable %q", bound+bound/2, err, api.ErrTooStale)
 	}
 	if _, err := pull(shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err == nil {
 		t.Error("linearizable read of a cut-off follower succeeded")

@@ -1,8 +1,8 @@
 // Package test holds the tests that span packages and their harnesses:
 //
 //   - an in-process cluster (StartCluster: real shard.Nodes on loopback,
-//     each with its own data dir, Raft groups, gRPC server and memberlist),
-//     which tests kill, restart, cut off and grow;
+//     each with its own data dir, Raft groups, client and peer gRPC servers
+//     and memberlist), which tests kill, restart, cut off and grow;
 //   - clusters of the real binary (raftps cluster up, in the _test files),
 //     whose processes tests SIGKILL, SIGSTOP and partition through
 //     --fault-injection, and raftps chaos runs against them;

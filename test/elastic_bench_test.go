@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // BenchmarkElasticRepair measures, on a 5-node in-process cluster with a
@@ -36,7 +36,7 @@ func BenchmarkElasticRepair(b *testing.B) {
 		})
 		cl := c.Client()
 		ctx := context.Background()
-		createLoaded(b, c, cl, &shardpb.TableSpec{Name: "big", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=1"}, rows)
+		createLoaded(b, c, cl, client.TableSpec{Name: "big", Dim: dim, Shards: 16, Replicas: 3, Optimizer: "sgd:lr=1"}, rows)
 
 		// Repair: kill the node holding the most replicas.
 		reps, _ := c.loads("big")

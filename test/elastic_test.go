@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,7 +39,7 @@ func elasticCluster(t testing.TB, n int) *Cluster {
 // placed and led, and a ledger of pushes to it.
 func elasticStart(t *testing.T) (*Cluster, *ledger) {
 	c := elasticCluster(t, 5)
-	spec, err := c.Client().CreateTable(context.Background(), elasticSpec("el"))
+	spec, err := c.Client().Tables().Create(context.Background(), elasticSpec("el"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,9 +57,9 @@ var elasticShards = func() uint32 {
 	return 16
 }()
 
-func elasticSpec(name string) *shardpb.TableSpec {
+func elasticSpec(name string) client.TableSpec {
 	s := counterSpec(name, 2)
-	s.Shards, s.Replicas = elasticShards, 3
+	s.Shards, s.Replicas = int(elasticShards), 3
 	return s
 }
 
@@ -319,7 +320,7 @@ func TestElasticMetaLeaderKilledDuringRepair(t *testing.T) {
 // TestElasticDrainRemoveAndRouting: draining a node moves every replica and
 // leadership off it while pushes continue; a client whose map predates the
 // moves follows them by itself; a node refuses a shard it no longer holds
-// (ErrNotReplica) and an old epoch (ErrStaleEpoch); removing a live node is
+// (ErrNotReplica) and an old epoch (ErrStaleMap); removing a live node is
 // refused and changes nothing; once stopped it is removed and forgotten.
 func TestElasticDrainRemoveAndRouting(t *testing.T) {
 	if testing.Short() {
@@ -328,7 +329,7 @@ func TestElasticDrainRemoveAndRouting(t *testing.T) {
 	c, l := elasticStart(t)
 	ctx := context.Background()
 	stale := c.Client()
-	if _, err := stale.Describe(ctx, "el"); err != nil { // caches the map as it is now
+	if _, err := stale.Tables().Describe(ctx, "el"); err != nil { // caches the map as it is now
 		t.Fatal(err)
 	}
 	before := c.liveMap()
@@ -342,13 +343,13 @@ func TestElasticDrainRemoveAndRouting(t *testing.T) {
 	const victim = 2
 	id := c.ID(victim)
 	admin := c.Client()
-	if err := admin.SetNodeAdmin(ctx, id, shardpb.NodeAdmin_NODE_REMOVED); !errors.Is(err, shard.ErrNodeConflict) {
+	if err := admin.Admin().SetNodeAdmin(ctx, id, client.NodeRemoved); !errors.Is(err, client.ErrNodeConflict) {
 		t.Fatalf("removing live node %s: %v, want ErrNodeConflict", id, err)
 	}
 	if nd := nodeOf(c.liveMap(), id); nd == nil || nd.Admin != shardpb.NodeAdmin_NODE_ACTIVE {
 		t.Fatalf("a refused removal changed %s to %v", id, nd)
 	}
-	if err := admin.SetNodeAdmin(ctx, id, shardpb.NodeAdmin_NODE_DRAINING); err != nil {
+	if err := admin.Admin().SetNodeAdmin(ctx, id, client.NodeDraining); err != nil {
 		t.Fatal(err)
 	}
 	c.waitSettled(t, "el", 3, []string{id}, 60*time.Second)
@@ -375,15 +376,15 @@ func TestElasticDrainRemoveAndRouting(t *testing.T) {
 		t.Fatalf("%s held no replica before the drain", id)
 	}
 	key := keyOfShard(moved.Shard, elasticShards)
-	_, err := rawStub(t, c.cfgs[victim].Addr).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: shard.KeysBytes([]uint64{key})})
-	if !errors.Is(fromStatusErr(err), shard.ErrNotReplica) {
+	_, err := rawStub(t, c.cfgs[victim].Addr).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key})})
+	if status.Code(err) != codes.FailedPrecondition || !errors.Is(api.FromStatus(err), api.ErrNotReplica) {
 		t.Fatalf("pull of el/%d from drained %s: %v, want ErrNotReplica", moved.Shard, id, err)
 	}
 	// A replica refuses the shard's epoch from before the drain.
 	now := shardOf(c.liveMap(), "el", moved.Shard)
-	_, err = rawStub(t, addrOf(c, now.Replicas[0])).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: shard.KeysBytes([]uint64{key}), Epoch: moved.Epoch})
-	if !errors.Is(fromStatusErr(err), shard.ErrStaleEpoch) {
-		t.Fatalf("pull of el/%d at epoch %d (now %d): %v, want ErrStaleEpoch", moved.Shard, moved.Epoch, now.Epoch, err)
+	_, err = rawStub(t, addrOf(c, now.Replicas[0])).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key}), Epoch: moved.Epoch})
+	if status.Code(err) != codes.FailedPrecondition || !errors.Is(api.FromStatus(err), api.ErrStaleMap) {
+		t.Fatalf("pull of el/%d at epoch %d (now %d): %v, want ErrStaleMap", moved.Shard, moved.Epoch, now.Epoch, err)
 	}
 	// The client with the old map pulls and pushes anyway.
 	if err := stale.Push(ctx, "el", []uint64{key}, []float32{1, -1}); err != nil {
@@ -398,7 +399,7 @@ func TestElasticDrainRemoveAndRouting(t *testing.T) {
 	// Stopped, the drained node can be removed; then it is forgotten.
 	c.Kill(victim)
 	waitFor(t, 20*time.Second, "the removal of the stopped node to be accepted", func() bool {
-		return admin.SetNodeAdmin(ctx, id, shardpb.NodeAdmin_NODE_REMOVED) == nil
+		return admin.Admin().SetNodeAdmin(ctx, id, client.NodeRemoved) == nil
 	})
 	waitFor(t, 20*time.Second, "the removed node to be forgotten", func() bool { return nodeOf(c.liveMap(), id) == nil })
 	close(stop)
@@ -436,23 +437,10 @@ func addrOf(c *Cluster, id string) string {
 // keyOfShard returns a key of shard s in a table of n shards.
 func keyOfShard(s, n uint32) uint64 {
 	for k := uint64(0); ; k++ {
-		if shard.ShardOf(k, n) == s {
+		if api.ShardOf(k, n) == s {
 			return k
 		}
 	}
-}
-
-// fromStatusErr turns a raw gRPC error of a stale-map refusal into its
-// sentinel (FailedPrecondition and the sentinel's text), so tests can use
-// errors.Is on it.
-func fromStatusErr(err error) error {
-	st := status.Convert(err)
-	for _, e := range []error{shard.ErrNotReplica, shard.ErrStaleEpoch} {
-		if st.Code() == codes.FailedPrecondition && strings.Contains(st.Message(), e.Error()) {
-			return fmt.Errorf("%s: %w", st.Message(), e)
-		}
-	}
-	return err
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // TestBinaryPausedLeaderNoAttemptTimeout: a leader that stops answering
@@ -26,12 +25,12 @@ func TestBinaryPausedLeaderNoAttemptTimeout(t *testing.T) {
 	_, dir, addrs := binaryCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := shard.NewClient(shard.ClientConfig{Addrs: strings.Split(addrs, ",")})
+	cl, err := client.New(client.DefaultConfig(strings.Split(addrs, ",")...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "p", Dim: 2, Shards: 2, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
+	if _, err := cl.Tables().Create(ctx, client.TableSpec{Name: "p", Dim: 2, Shards: 2, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
 		t.Fatal(err)
 	}
 	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
@@ -50,13 +49,13 @@ func TestBinaryPausedLeaderNoAttemptTimeout(t *testing.T) {
 			t.Fatal("no leader of p/0 in any node's status")
 		}
 		for _, a := range strings.Split(addrs, ",") {
-			st, err := cl.Status(ctx, a)
+			st, err := cl.Admin().NodeStatus(ctx, a, false)
 			if err != nil {
 				continue
 			}
 			for _, r := range st.Replicas {
 				if r.Table == "p" && r.Shard == 0 && r.State == "leader" {
-					leader = st.NodeId
+					leader = st.NodeID
 				}
 			}
 		}

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
-	"github.com/raftps/raftps/store"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/test/history"
 )
 
@@ -27,7 +26,7 @@ func historyWorkload(c *Cluster, rec *history.Recorder, table, level string, cli
 	for w := range clients {
 		wl := history.Workload{Table: table, Level: level, Dim: 2, Keys: ks, Client: w, Seed: 7,
 			Definite: func(err error) bool {
-				return errors.Is(err, store.ErrDimMismatch) || errors.Is(err, shard.ErrBadRequest)
+				return errors.Is(err, client.ErrDimMismatch) || errors.Is(err, client.ErrBadRequest)
 			}}
 		cl := c.Client()
 		wg.Go(func() { wl.Run(cl, rec, stop) })
@@ -49,12 +48,12 @@ func TestHistoryCheckedThroughLeaderKills(t *testing.T) {
 	const bound = 100 * time.Millisecond
 	tables := []struct{ name, level string }{{"hlin", "linearizable"}, {"hbnd", "bounded:100ms"}}
 	for _, tb := range tables {
-		spec := levelSpec(tb.name, shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0)
+		spec := levelSpec(tb.name, client.Linearizable, 0)
 		spec.Dim = 2
 		if tb.name == "hbnd" {
-			spec.Consistency, spec.StalenessBoundNs = shardpb.Consistency_CONSISTENCY_BOUNDED, int64(bound)
+			spec.Consistency = client.Consistency{Level: client.Bounded, Bound: bound}
 		}
-		if _, err := cl.CreateTable(ctx, spec); err != nil {
+		if _, err := cl.Tables().Create(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,7 +107,7 @@ func TestHistoryCheckedThroughLeaderKills(t *testing.T) {
 			keys[i] = uint64(i)
 		}
 		out := make([]float32, 2*len(keys))
-		if err := cl.PullWith(ctx, tb.name, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+		if err := cl.Pull(ctx, tb.name, keys, out, client.WithConsistency(client.Linearizable)); err != nil {
 			t.Fatal(err)
 		}
 		final := map[uint64]int64{}
@@ -131,7 +130,7 @@ func TestHistoryCheckedThroughLeaderKills(t *testing.T) {
 			// The bound is measured by the serving node's clock, allowed to
 			// run up to ClockRateAllowance slow; the history's clock is the
 			// test's, on the same machine.
-			allowance := time.Duration(float64(bound) * shard.ClockRateAllowance)
+			allowance := time.Duration(float64(bound) * api.ClockRateAllowance)
 			v, err := history.CheckBounded(ops, bound, allowance)
 			if err != nil {
 				t.Fatal(err)

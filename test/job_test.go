@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -43,9 +43,9 @@ func TestJobRendezvous(t *testing.T) {
 	c := StartCluster(t, 3, FastRaft())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	clients := make([]*shard.Client, 3)
+	clients := make([]*client.Client, 3)
 	for i, addr := range c.Addrs() {
-		clients[i] = newClient(t, c, shard.ClientConfig{Addrs: []string{addr}})
+		clients[i] = c.ClientWith(func(cfg *client.Config) { cfg.Addrs = []string{addr} })
 	}
 	trainer := func(i int) string { return fmt.Sprintf("10.0.0.%d:7950", i+1) }
 
@@ -53,18 +53,18 @@ func TestJobRendezvous(t *testing.T) {
 	type joined struct {
 		rank  int
 		round uint64
-		info  shard.JobInfo
+		info  client.JobInfo
 	}
 	got := make([]joined, 3)
 	var wg sync.WaitGroup
 	for i := range 3 {
 		wg.Go(func() {
-			rank, round, err := clients[i].JoinJob(ctx, "job", 3, -1, trainer(i))
+			rank, round, err := clients[i].Jobs().Join(ctx, "job", 3, -1, trainer(i))
 			if err != nil {
 				t.Errorf("trainer %d: %v", i, err)
 				return
 			}
-			info, err := clients[i].WaitJob(ctx, "job", round)
+			info, err := clients[i].Jobs().Wait(ctx, "job", round)
 			if err != nil {
 				t.Errorf("trainer %d: waiting for round %d: %v", i, round, err)
 				return
@@ -113,20 +113,20 @@ func TestJobRendezvous(t *testing.T) {
 	if _, err := stub.JoinJob(ctx, &shardpb.JoinJobRequest{Job: "other", World: 2, Rank: 1, Addr: "x:1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := clients[f].JoinJob(ctx, "other", 2, 1, "y:1"); !errors.Is(err, shard.ErrRankTaken) {
+	if _, _, err := clients[f].Jobs().Join(ctx, "other", 2, 1, "y:1"); !errors.Is(err, client.ErrRankTaken) {
 		t.Fatalf("a taken rank through a follower: %v, want ErrRankTaken", err)
 	}
-	if _, _, err := clients[f].JoinJob(ctx, "other", 3, -1, "y:1"); !errors.Is(err, shard.ErrWorldMismatch) {
+	if _, _, err := clients[f].Jobs().Join(ctx, "other", 3, -1, "y:1"); !errors.Is(err, client.ErrWorldMismatch) {
 		t.Fatalf("another world size through a follower: %v, want ErrWorldMismatch", err)
 	}
 
 	// A new trainer joins the complete round: round 2 starts with it alone.
-	rank, round, err := clients[2].JoinJob(ctx, "job", 3, -1, trainer(3))
+	rank, round, err := clients[2].Jobs().Join(ctx, "job", 3, -1, trainer(3))
 	if err != nil || rank != 0 || round != 2 {
 		t.Fatalf("a fourth address joining a complete round: rank %d round %d, %v; want rank 0 of round 2", rank, round, err)
 	}
-	info, err := clients[0].WaitJob(ctx, "job", 1)
-	if !errors.Is(err, shard.ErrJobRoundChanged) || info.Round != 2 {
+	info, err := clients[0].Jobs().Wait(ctx, "job", 1)
+	if !errors.Is(err, client.ErrJobRoundChanged) || info.Round != 2 {
 		t.Fatalf("waiting for round 1 after round 2 began: %+v, %v; want ErrJobRoundChanged and round 2", info, err)
 	}
 
@@ -134,32 +134,32 @@ func TestJobRendezvous(t *testing.T) {
 	l := metaLeader(t, c)
 	c.Kill(l)
 	live := clients[(l+1)%3]
-	info, err = live.GetJob(ctx, "job")
+	info, err = live.Jobs().Get(ctx, "job")
 	if err != nil || info.Round != 2 || info.Complete || !slices.Equal(info.Addrs, []string{trainer(3), "", ""}) {
 		t.Fatalf("after stopping the metadata leader n%d: %+v, %v; want round 2 holding only %s at rank 0", l+1, info, err, trainer(3))
 	}
 	// The trainers of round 1 that are still alive re-join and complete it.
 	for _, i := range []int{0, 1} {
-		if _, round, err := live.JoinJob(ctx, "job", 3, -1, trainer(i)); err != nil || round != 2 {
+		if _, round, err := live.Jobs().Join(ctx, "job", 3, -1, trainer(i)); err != nil || round != 2 {
 			t.Fatalf("trainer %d re-joining: round %d, %v", i, round, err)
 		}
 	}
-	info, err = live.WaitJob(ctx, "job", 2)
+	info, err = live.Jobs().Wait(ctx, "job", 2)
 	if err != nil || !info.Complete || info.Addrs[0] != trainer(3) {
 		t.Fatalf("round 2 after the failover: %+v, %v", info, err)
 	}
 
-	if err := live.DeleteJob(ctx, "job"); err != nil {
+	if err := live.Jobs().Delete(ctx, "job"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := live.GetJob(ctx, "job"); !errors.Is(err, shard.ErrUnknownJob) {
+	if _, err := live.Jobs().Get(ctx, "job"); !errors.Is(err, client.ErrUnknownJob) {
 		t.Fatalf("GetJob after DeleteJob: %v, want ErrUnknownJob", err)
 	}
-	var re *shard.RemoteError
-	if _, err := live.WaitJob(ctx, "job", 2); !errors.As(err, &re) || re.Code != codes.NotFound || !strings.Contains(err.Error(), `"job"`) {
+	var re *client.RemoteError
+	if _, err := live.Jobs().Wait(ctx, "job", 2); !errors.As(err, &re) || re.Code != codes.NotFound || !strings.Contains(err.Error(), `"job"`) {
 		t.Fatalf("WaitJob after DeleteJob: %v, want NotFound naming the job", err)
 	}
-	if err := live.DeleteJob(ctx, "job"); !errors.Is(err, shard.ErrUnknownJob) {
+	if err := live.Jobs().Delete(ctx, "job"); !errors.Is(err, client.ErrUnknownJob) {
 		t.Fatalf("deleting a deleted job: %v, want ErrUnknownJob", err)
 	}
 }
@@ -173,7 +173,7 @@ func TestJobSurvivesRestart(t *testing.T) {
 	defer cancel()
 	cl := c.Client()
 	for i := range 2 {
-		if _, _, err := cl.JoinJob(ctx, "job", 4, i*2, fmt.Sprintf("h%d:1", i)); err != nil {
+		if _, _, err := cl.Jobs().Join(ctx, "job", 4, i*2, fmt.Sprintf("h%d:1", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -191,12 +191,12 @@ func TestJobSurvivesRestart(t *testing.T) {
 	}
 	// That node restored the snapshot as it started, before any leader could
 	// send it anything: its own state shows the job.
-	st, err := cl.Status(ctx, c.Addrs()[l])
-	if err != nil || len(st.Jobs) != 1 || st.Jobs[0].Name != "job" || len(st.Jobs[0].Members) != 2 {
-		t.Fatalf("n%d's jobs after restoring its snapshot: %v, %v", l+1, st.GetJobs(), err)
+	st, err := cl.Admin().NodeStatus(ctx, c.Addrs()[l], false)
+	if err != nil || len(st.Jobs) != 1 || st.Jobs[0].Name != "job" || st.Jobs[0].Registered() != 2 {
+		t.Fatalf("n%d's jobs after restoring its snapshot: %+v, %v", l+1, st.Jobs, err)
 	}
 	c.WaitMetaLeader(10 * time.Second)
-	info, err := cl.GetJob(ctx, "job")
+	info, err := cl.Jobs().Get(ctx, "job")
 	if err != nil || info.Round != 1 || !slices.Equal(info.Addrs, []string{"h0:1", "", "h1:1", ""}) {
 		t.Fatalf("after a restart: %+v, %v", info, err)
 	}

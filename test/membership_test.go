@@ -6,32 +6,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // statusOf asks node i for its Status.
-func statusOf(t *testing.T, c *Cluster, i int) (*shardpb.StatusResponse, error) {
+func statusOf(t *testing.T, c *Cluster, i int) (client.NodeStatus, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return c.Client().Status(ctx, c.Addrs()[i])
+	return c.Client().Admin().NodeStatus(ctx, c.Addrs()[i], false)
 }
 
 // nodeStates returns node ID -> gossip state as st reports them.
-func nodeStates(st *shardpb.StatusResponse) map[string]string {
+func nodeStates(st client.NodeStatus) map[string]string {
 	out := map[string]string{}
 	for _, n := range st.Nodes {
-		out[n.Id] = n.State
+		out[n.ID] = n.State
 	}
 	return out
 }
 
 // waitStatus waits until every listed node's Status satisfies ok.
-func waitStatus(t *testing.T, c *Cluster, nodes []int, timeout time.Duration, what string, ok func(*shardpb.StatusResponse) bool) {
+func waitStatus(t *testing.T, c *Cluster, nodes []int, timeout time.Duration, what string, ok func(client.NodeStatus) bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		var last *shardpb.StatusResponse
+		var last client.NodeStatus
 		good := true
 		for _, i := range nodes {
 			st, err := statusOf(t, c, i)
@@ -44,7 +44,7 @@ func waitStatus(t *testing.T, c *Cluster, nodes []int, timeout time.Duration, wh
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after %s, not every node reports %s; last status: %v", timeout, what, last)
+			t.Fatalf("after %s, not every node reports %s; last status: %+v", timeout, what, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -58,10 +58,10 @@ func TestMembershipStatus(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
-	if _, err := c.Client().CreateTable(ctx, counterSpec("members", 2)); err != nil {
+	if _, err := c.Client().Tables().Create(ctx, counterSpec("members", 2)); err != nil {
 		t.Fatal(err)
 	}
-	allAlive := func(st *shardpb.StatusResponse) bool {
+	allAlive := func(st client.NodeStatus) bool {
 		s := nodeStates(st)
 		return len(s) == 3 && s["n1"] == "alive" && s["n2"] == "alive" && s["n3"] == "alive" && st.UnderReplicated == 0
 	}
@@ -70,25 +70,25 @@ func TestMembershipStatus(t *testing.T) {
 	// Counts: every node hosts every shard; the leaders add up to the shards
 	// once every node has gossiped its count (each does on its reconcile
 	// pass, every second).
-	leaderSum := func(st *shardpb.StatusResponse) uint32 {
-		sum := uint32(0)
+	leaderSum := func(st client.NodeStatus) int {
+		sum := 0
 		for _, n := range st.Nodes {
 			sum += n.Leaders
 		}
 		return sum
 	}
-	var st *shardpb.StatusResponse
-	waitStatus(t, c, []int{0}, 10*time.Second, "gossiped leader counts adding up to the shards", func(s *shardpb.StatusResponse) bool {
+	var st client.NodeStatus
+	waitStatus(t, c, []int{0}, 10*time.Second, "gossiped leader counts adding up to the shards", func(s client.NodeStatus) bool {
 		st = s
 		return leaderSum(s) == shards
 	})
-	leaders := uint32(0)
+	leaders := 0
 	for _, n := range st.Nodes {
 		if n.Replicas != shards {
-			t.Errorf("node %s hosts %d replicas, want %d", n.Id, n.Replicas, shards)
+			t.Errorf("node %s hosts %d replicas, want %d", n.ID, n.Replicas, shards)
 		}
-		if n.Addr != c.Addrs()[n.Id[1]-'1'] {
-			t.Errorf("node %s at %q, want %q", n.Id, n.Addr, c.Addrs()[n.Id[1]-'1'])
+		if n.Addr != c.Addrs()[n.ID[1]-'1'] {
+			t.Errorf("node %s at %q, want %q", n.ID, n.Addr, c.Addrs()[n.ID[1]-'1'])
 		}
 		leaders += n.Leaders
 	}
@@ -98,7 +98,7 @@ func TestMembershipStatus(t *testing.T) {
 
 	c.Kill(2)
 	start := time.Now()
-	waitStatus(t, c, []int{0, 1}, 5*time.Second, "n3 dead, all shards under-replicated", func(st *shardpb.StatusResponse) bool {
+	waitStatus(t, c, []int{0, 1}, 5*time.Second, "n3 dead, all shards under-replicated", func(st client.NodeStatus) bool {
 		return nodeStates(st)["n3"] == "dead" && st.UnderReplicated == shards
 	})
 	t.Logf("n3 reported dead after %s", time.Since(start).Round(time.Millisecond))
@@ -118,15 +118,8 @@ func TestBinaryMembershipSIGKILL(t *testing.T) {
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	raftps("table", "create", "emb", "--dim", "2", "--shards", "4", "--cluster", cluster)
 
-	type status struct {
-		Nodes []struct {
-			ID       string `json:"id"`
-			State    string `json:"state"`
-			Replicas uint32 `json:"replicas"`
-			Leaders  uint32 `json:"leaders"`
-		} `json:"nodes"`
-		UnderReplicated uint32 `json:"under_replicated"`
-	}
+	// status is raftps status --json, decoded with the client's own type.
+	type status = client.ClusterStatus
 	wait := func(timeout time.Duration, what string, ok func(status) bool) {
 		t.Helper()
 		deadline := time.Now().Add(timeout)

@@ -10,30 +10,12 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/replication"
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
-	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// newClient returns a client of the cluster with the given config (Addrs
-// default to every node), closed when the test ends.
-func newClient(t *testing.T, c *Cluster, cfg shard.ClientConfig) *shard.Client {
-	t.Helper()
-	if cfg.Addrs == nil {
-		cfg.Addrs = c.Addrs()
-	}
-	if cfg.RetryTimeout == 0 {
-		cfg.RetryTimeout = 20 * time.Second
-	}
-	cl, err := shard.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	return cl
-}
 
 // metaFollower returns the index of a node that is not the metadata leader.
 func metaFollower(t *testing.T, c *Cluster) int {
@@ -67,7 +49,7 @@ func TestReviewMessageLimits(t *testing.T) {
 	cl := c.Client()
 	ctx := context.Background()
 	const dim = 64
-	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "big", Dim: dim, Shards: 1, Optimizer: "sgd:lr=1"}); err != nil {
+	if _, err := cl.Tables().Create(ctx, client.TableSpec{Name: "big", Dim: dim, Shards: 1, Optimizer: "sgd:lr=1"}); err != nil {
 		t.Fatal(err)
 	}
 	push := func(n int, base uint64) error {
@@ -84,8 +66,8 @@ func TestReviewMessageLimits(t *testing.T) {
 
 	// ~1.3 MB push: over the limit.
 	err := push(5000, 0)
-	var re *shard.RemoteError
-	if !errors.Is(err, shard.ErrRequestTooLarge) || !errors.As(err, &re) || re.Code != codes.ResourceExhausted ||
+	var re *client.RemoteError
+	if !errors.Is(err, client.ErrRequestTooLarge) || !errors.As(err, &re) || re.Code != codes.ResourceExhausted ||
 		!strings.Contains(err.Error(), "larger than max message size 1048576") {
 		t.Fatalf("oversized push: got %v, want ResourceExhausted ErrRequestTooLarge naming the limit", err)
 	}
@@ -111,7 +93,7 @@ func TestReviewMessageLimits(t *testing.T) {
 // TestReviewBoundedAndBadRequest: a bounded table with a bound below the
 // minimum cannot be created, and a bounded pull of an eventual table that
 // names no bound is refused rather than served as eventual. The refusal is a shard-level bad request, which the client maps
-// back to shard.ErrBadRequest and not to replication.ErrBadRequest (their
+// back to client.ErrBadRequest and not to replication.ErrBadRequest (their
 // texts used to be equal, so it came back as the replication one).
 func TestReviewBoundedAndBadRequest(t *testing.T) {
 	waitsMostly(t)
@@ -119,29 +101,28 @@ func TestReviewBoundedAndBadRequest(t *testing.T) {
 	cl := c.Client()
 	ctx := context.Background()
 	spec := counterSpec("ev", 2)
-	spec.Consistency = shardpb.Consistency_CONSISTENCY_BOUNDED
-	spec.StalenessBoundNs = int64(time.Millisecond) // below the 10ms minimum
-	if _, err := cl.CreateTable(ctx, spec); !errors.Is(err, store.ErrInvalidConfig) {
+	spec.Consistency = client.Consistency{Level: client.Bounded, Bound: time.Millisecond} // below the 10ms minimum
+	if _, err := cl.Tables().Create(ctx, spec); !errors.Is(err, client.ErrInvalidConfig) {
 		t.Fatalf("creating a bounded:1ms table: got %v, want ErrInvalidConfig", err)
 	}
 	spec = counterSpec("ev", 2)
-	spec.Consistency = shardpb.Consistency_CONSISTENCY_EVENTUAL
-	if _, err := cl.CreateTable(ctx, spec); err != nil {
+	spec.Consistency = client.Consistency{Level: client.Eventual}
+	if _, err := cl.Tables().Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]float32, 2)
 	// A bounded pull of an eventual table must say its bound.
-	err := cl.PullWith(ctx, "ev", []uint64{1}, out, shardpb.Consistency_CONSISTENCY_BOUNDED)
-	var re *shard.RemoteError
-	if !errors.Is(err, shard.ErrBadRequest) || errors.Is(err, replication.ErrBadRequest) ||
+	err := cl.Pull(ctx, "ev", []uint64{1}, out, client.WithConsistency(client.Bounded))
+	var re *client.RemoteError
+	if !errors.Is(err, client.ErrBadRequest) || errors.Is(err, replication.ErrBadRequest) ||
 		!errors.As(err, &re) || re.Code != codes.InvalidArgument || !strings.Contains(err.Error(), "staleness_bound_ns") {
-		t.Fatalf("bounded pull without a bound: got %v, want InvalidArgument shard.ErrBadRequest only", err)
+		t.Fatalf("bounded pull without a bound: got %v, want InvalidArgument client.ErrBadRequest only", err)
 	}
-	if err := cl.PullOpts(ctx, "ev", []uint64{1}, out, shard.PullOptions{Level: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBound: 50 * time.Millisecond}); err != nil {
+	if err := cl.Pull(ctx, "ev", []uint64{1}, out, client.WithConsistency(client.Bounded), client.WithStaleness(50*time.Millisecond)); err != nil {
 		t.Fatalf("bounded:50ms pull of an eventual table: %v", err)
 	}
 	// Stronger than the table's level still works.
-	if err := cl.PullWith(ctx, "ev", []uint64{1}, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	if err := cl.Pull(ctx, "ev", []uint64{1}, out, client.WithConsistency(client.Linearizable)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -154,15 +135,15 @@ func TestReviewClientIDReused(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
-	a := newClient(t, c, shard.ClientConfig{ClientID: 42})
-	if _, err := a.CreateTable(ctx, counterSpec("ids", 2)); err != nil {
+	a := c.ClientWith(func(cfg *client.Config) { cfg.ClientID = 42 })
+	if _, err := a.Tables().Create(ctx, counterSpec("ids", 2)); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Push(ctx, "ids", []uint64{7}, []float32{1, 1}); err != nil {
 		t.Fatal(err)
 	}
-	b := newClient(t, c, shard.ClientConfig{ClientID: 42})
-	if err := b.Push(ctx, "ids", []uint64{7}, []float32{2, 2}); !errors.Is(err, shard.ErrClientIDReused) {
+	b := c.ClientWith(func(cfg *client.Config) { cfg.ClientID = 42 })
+	if err := b.Push(ctx, "ids", []uint64{7}, []float32{2, 2}); !errors.Is(err, client.ErrClientIDReused) {
 		t.Fatalf("push by a second client with the same ID: got %v, want ErrClientIDReused", err)
 	}
 	other := c.Client()
@@ -180,7 +161,7 @@ func TestReviewClientIDReused(t *testing.T) {
 
 // TestReviewSilentNode: a node that accepts connections but never answers
 // costs each call one AttemptTimeout, not minutes: with it first in Addrs and
-// a Background context, CreateTable, Push and Pull all succeed quickly
+// a Background context, Tables().Create, Push and Pull all succeed quickly
 // through the other nodes.
 func TestReviewSilentNode(t *testing.T) {
 	waitsMostly(t)
@@ -210,10 +191,13 @@ func TestReviewSilentNode(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	cl := newClient(t, c, shard.ClientConfig{Addrs: append([]string{l.Addr().String()}, c.Addrs()...), AttemptTimeout: 300 * time.Millisecond})
+	cl := c.ClientWith(func(cfg *client.Config) {
+		cfg.Addrs = append([]string{l.Addr().String()}, c.Addrs()...)
+		cfg.AttemptTimeout = 300 * time.Millisecond
+	})
 	ctx := context.Background()
 	start := time.Now()
-	if _, err := cl.CreateTable(ctx, counterSpec("quiet", 2)); err != nil {
+	if _, err := cl.Tables().Create(ctx, counterSpec("quiet", 2)); err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.Push(ctx, "quiet", []uint64{1, 2, 3}, []float32{1, 1, 1, 1, 1, 1}); err != nil {
@@ -235,18 +219,18 @@ func TestReviewSilentNode(t *testing.T) {
 // redirecting the client). A data request for a missing table answers
 // NotFound on every node; a client that knows only a metadata follower gets
 // ErrUnknownTable from Describe, and sees a just-created table at once in
-// Describe and ListTables.
+// Describe and List.
 func TestReviewUnknownTable(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())
 	ctx := context.Background()
-	k := shard.KeysBytes([]uint64{1})
+	k := api.KeysBytes([]uint64{1})
 	for i, addr := range c.Addrs() {
 		// A node that does not know the metadata leader yet (just started)
 		// answers Unavailable, which is retryable; once it does, NotFound.
 		var err error
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			_, err = rawStub(t, addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: shard.ValuesBytes([]float32{1})})
+			_, err = rawStub(t, addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: api.ValuesBytes([]float32{1})})
 			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
 				break
 			}
@@ -255,17 +239,17 @@ func TestReviewUnknownTable(t *testing.T) {
 			t.Errorf("node %d: push to a missing table: got %v, want NotFound", i, err)
 		}
 	}
-	f := newClient(t, c, shard.ClientConfig{Addrs: []string{c.Addrs()[metaFollower(t, c)]}})
-	if _, err := f.Describe(ctx, "nope"); !errors.Is(err, store.ErrUnknownTable) {
+	f := c.ClientWith(func(cfg *client.Config) { cfg.Addrs = []string{c.Addrs()[metaFollower(t, c)]} })
+	if _, err := f.Tables().Describe(ctx, "nope"); !errors.Is(err, client.ErrUnknownTable) {
 		t.Fatalf("describe through a metadata follower: got %v, want ErrUnknownTable", err)
 	}
-	if _, err := c.Client().CreateTable(ctx, counterSpec("fresh", 2)); err != nil {
+	if _, err := c.Client().Tables().Create(ctx, counterSpec("fresh", 2)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Describe(ctx, "fresh"); err != nil {
+	if _, err := f.Tables().Describe(ctx, "fresh"); err != nil {
 		t.Fatalf("describe of a just-created table through a metadata follower: %v", err)
 	}
-	tables, err := f.ListTables(ctx)
+	tables, err := f.Tables().List(ctx)
 	if err != nil || len(tables) != 1 || tables[0].Name != "fresh" {
 		t.Fatalf("list through a metadata follower: %v %v", tables, err)
 	}

@@ -10,9 +10,17 @@ import (
 
 	"github.com/raftps/raftps/collective"
 	"github.com/raftps/raftps/replication"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/trainer"
 )
+
+// paramServer is a client as the training loop sees it (trainer.ParamServer):
+// pulls at each table's own level.
+type paramServer struct{ *client.Client }
+
+func (p paramServer) Pull(ctx context.Context, table string, keys []uint64, out []float32) error {
+	return p.Client.Pull(ctx, table, keys, out)
+}
 
 // smallData is the default synthetic CTR data: its vocabulary is small
 // enough that logistic regression gets near the Bayes-optimal AUC in a few
@@ -33,7 +41,7 @@ func TestTrainThroughLeaderKill(t *testing.T) {
 	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	cl := c.Client()
-	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
+	if _, err := cl.Tables().Create(ctx, client.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 		t.Fatal(err)
 	}
 	killed := make(chan int, 1)
@@ -50,7 +58,7 @@ func TestTrainThroughLeaderKill(t *testing.T) {
 		steps = 400
 	}
 	res, err := trainer.Train(ctx, trainer.LoopConfig{
-		PS: cl, Table: "lr", Model: trainer.LR{}, Data: smallData(t),
+		PS: paramServer{cl}, Table: "lr", Model: trainer.LR{}, Data: smallData(t),
 		Batch: 64, Steps: steps, DenseLR: 2, EvalSamples: 20000,
 	})
 	if err != nil {
@@ -120,7 +128,7 @@ func trainGroup(t *testing.T, world int, cfg trainer.LoopConfig) []*trainer.Resu
 func TestTrainSynchronousTrainers(t *testing.T) {
 	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
-	if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
+	if _, err := c.Client().Tables().Create(ctx, client.TableSpec{Name: "lr", Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 		t.Fatal(err)
 	}
 	steps := 1000
@@ -130,7 +138,7 @@ func TestTrainSynchronousTrainers(t *testing.T) {
 		// cluster), not convergence, which make test-unit checks.
 		steps = 200
 	}
-	results := trainGroup(t, 2, trainer.LoopConfig{PS: c.Client(), Table: "lr", Model: trainer.LR{}, Data: smallData(t),
+	results := trainGroup(t, 2, trainer.LoopConfig{PS: paramServer{c.Client()}, Table: "lr", Model: trainer.LR{}, Data: smallData(t),
 		Batch: 32, Steps: steps, DenseLR: 2, EvalSamples: 20000})
 	if !slices.Equal(results[0].Dense, results[1].Dense) {
 		t.Fatalf("trainers ended with different dense parameters: %v vs %v", results[0].Dense, results[1].Dense)
@@ -159,13 +167,13 @@ func TestTrainTrainersMatchOne(t *testing.T) {
 	c := StartCluster(t, 3, TrainRaft())
 	ctx := context.Background()
 	for _, name := range []string{"one", "two", "four"} {
-		if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: name, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
+		if _, err := c.Client().Tables().Create(ctx, client.TableSpec{Name: name, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	data := smallData(t)
 	const steps = 500
-	cfg := trainer.LoopConfig{PS: c.Client(), Model: trainer.LR{}, Data: data, Steps: steps, DenseLR: 2, EvalSamples: 20000}
+	cfg := trainer.LoopConfig{PS: paramServer{c.Client()}, Model: trainer.LR{}, Data: data, Steps: steps, DenseLR: 2, EvalSamples: 20000}
 	cfg.Table, cfg.Batch = "one", 64
 	one, err := trainer.Train(ctx, cfg)
 	if err != nil {
@@ -217,12 +225,12 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		job := "j" + mode[:3]
-		for _, spec := range []*shardpb.TableSpec{
+		for _, spec := range []client.TableSpec{
 			{Name: job, Dim: 1, Shards: shards, Optimizer: "adagrad:lr=0.2"},
 			{Name: job + ".state", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.StateTableOptimizer},
 			{Name: job + ".dense", Dim: trainer.StateDim, Shards: 1, Optimizer: trainer.DenseTableOptimizer},
 		} {
-			if _, err := c.Client().CreateTable(ctx, spec); err != nil {
+			if _, err := c.Client().Tables().Create(ctx, spec); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -231,7 +239,7 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 		errs := make(chan error, world)
 		for r := range world {
 			go func() {
-				cfg := trainer.LoopConfig{PS: c.Client(), Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
+				cfg := trainer.LoopConfig{PS: paramServer{c.Client()}, Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
 					Mode: m, Rank: r, World: world, StateTable: job + ".state", DenseTable: job + ".dense", EvalSamples: 20000}
 				if r == world-1 {
 					cfg.Slowdown = 3
@@ -268,10 +276,10 @@ func BenchmarkTrainStep(b *testing.B) {
 			ctx := context.Background()
 			for i := range b.N {
 				table := fmt.Sprintf("lr%d", i)
-				if _, err := c.Client().CreateTable(ctx, &shardpb.TableSpec{Name: table, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
+				if _, err := c.Client().Tables().Create(ctx, client.TableSpec{Name: table, Dim: 1, Shards: shards, Optimizer: "sgd:lr=2", Initializer: "zeros"}); err != nil {
 					b.Fatal(err)
 				}
-				res, err := trainer.Train(ctx, trainer.LoopConfig{PS: c.Client(), Table: table, Model: trainer.LR{}, Data: smallData(b),
+				res, err := trainer.Train(ctx, trainer.LoopConfig{PS: paramServer{c.Client()}, Table: table, Model: trainer.LR{}, Data: smallData(b),
 					Batch: 64, Steps: 500, DenseLR: 2, EvalSamples: 2000})
 				if err != nil {
 					b.Fatal(err)

@@ -113,6 +113,23 @@ func (o Optional) MarshalJSON() ([]byte, error) {
 	return json.Marshal(float64(o))
 }
 
+// UnmarshalJSON reads what MarshalJSON writes: null as NaN.
+func (o *Optional) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*o = Optional(math.NaN())
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*o = Optional(f)
+	return nil
+}
+
+// Known reports whether the value is known (not NaN).
+func (o Optional) Known() bool { return !math.IsNaN(float64(o)) }
+
 // Eval is one evaluation on the held-out samples.
 type Eval struct {
 	Step int `json:"step"`

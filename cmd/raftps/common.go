@@ -8,7 +8,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // clusterFlags are the flags every client command takes.
@@ -32,11 +32,11 @@ func (c *clusterFlags) addrs() []string {
 	return out
 }
 
-func (c *clusterFlags) client() (*shard.Client, error) {
+func (c *clusterFlags) client() (*client.Client, error) {
 	if len(c.addrs()) == 0 {
 		return nil, fmt.Errorf("no cluster given: pass --cluster ADDR[,ADDR...] or set RAFTPS_CLUSTER")
 	}
-	return shard.NewClient(shard.ClientConfig{Addrs: c.addrs()})
+	return client.New(client.DefaultConfig(c.addrs()...))
 }
 
 // parse parses args; it returns the exit status to use if parsing ended the
@@ -50,6 +50,23 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) int {
 		return 2
 	}
 	return -1
+}
+
+// nameArg takes the positional argument a subcommand's usage starts with
+// (a table's name, a node's ID) from args, and returns it with the rest.
+// Without one it prints the usage and every flag, and returns the exit
+// status: 0 for -h, 2 otherwise; rc is -1 when the command goes on.
+func nameArg(fs *flag.FlagSet, args []string, usage string, stderr io.Writer) (name string, rest []string, rc int) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], args[1:], -1
+	}
+	fmt.Fprintf(stderr, "usage: %s\n", usage)
+	fs.SetOutput(stderr)
+	fs.PrintDefaults()
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		return "", nil, 0
+	}
+	return "", nil, 2
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -2,21 +2,19 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/test/localcluster"
 	"github.com/raftps/raftps/trainer"
 )
 
@@ -53,21 +51,19 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 		}
 	}
 	say("starting a 3-node cluster in %s", dir)
-	if rc := clusterUp([]string{"--dir", filepath.Join(dir, "cluster"), "--base-port", fmt.Sprint(base)}, out, out); rc != 0 {
-		return errors.New("cluster up failed")
-	}
-	c, err := loadCluster(filepath.Join(dir, "cluster"))
+	c, err := localcluster.Up(localcluster.UpConfig{Dir: filepath.Join(dir, "cluster"), Nodes: 3, BasePort: base, Progress: out})
 	if err != nil {
-		return err
+		return fmt.Errorf("cluster up: %w", err)
 	}
+	addrs := c.Addrs()
+	fmt.Fprintf(out, "cluster of %d nodes serving at %s\n", len(c.Nodes), strings.Join(addrs, ","))
 	if !keep {
 		defer func() {
 			say("taking the cluster down")
-			c.stopAll(out)
+			c.StopAll(out)
 		}()
 	}
-	addrs := strings.Split(c.addrs(), ",")
-	cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs})
+	cl, err := client.New(client.DefaultConfig(addrs...))
 	if err != nil {
 		return err
 	}
@@ -77,7 +73,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 	// A counter table: every push adds exactly 1 to a key, so after the run
 	// each row must equal the number of acknowledged pushes to it.
 	const counters = 64
-	if _, err := cl.CreateTable(ctx, &shardpb.TableSpec{Name: "demo_counts", Dim: 1, Shards: 4, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
+	if _, err := cl.Tables().Create(ctx, client.TableSpec{Name: "demo_counts", Dim: 1, Shards: 4, Optimizer: "sgd:lr=1", Initializer: "zeros"}); err != nil {
 		return err
 	}
 	// The victim is whoever leads shard 0 half-way through: leadership moves
@@ -107,7 +103,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 	})
 	// A probe of shard 0 alone, to time the failover.
 	probeKey := uint64(0) // a counter key of shard 0
-	for shard.ShardOf(probeKey, 4) != 0 && probeKey < counters-1 {
+	for api.ShardOf(probeKey, 4) != 0 && probeKey < counters-1 {
 		probeKey++
 	}
 	var killedAt atomic.Int64
@@ -157,23 +153,23 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 			return
 		case <-killNow:
 		}
-		d, err := cl.Describe(ctx, "demo_counts")
-		if err != nil || d.Leaders[0].LeaderId == "" {
+		d, err := cl.Tables().Describe(ctx, "demo_counts")
+		if err != nil || d.Shards[0].LeaderID == "" {
 			fmt.Fprintf(out, "finding the leader of demo_counts/0: %v\n", err)
 			return
 		}
-		victim = d.Leaders[0].LeaderId
+		victim = d.Shards[0].LeaderID
 		killedAt.Store(time.Now().UnixNano())
-		if err := c.stop(victim, syscall.SIGKILL, 5*time.Second); err != nil {
+		if err := c.Kill(victim); err != nil {
 			fmt.Fprintf(out, "killing %s: %v\n", victim, err)
 			return
 		}
 		killed.Store(true)
 		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
 	})
-	res, err := trainTogether(ctx, addrs, trainers, trainConfig{job: "demo", table: "train_dlrm", model: "dlrm", dim: 8, hidden: "32,16",
-		shards: 4, steps: steps, batch: 64, data: "synthetic", fields: 8, vocab: 100, seed: 1, mode: "sync",
-		slowRank: -1, ckptEvery: 100, evalEvery: max(1, steps/12), evalN: 20000, world: trainers, afterStep: afterStep}, out)
+	res, err := trainer.RunLocal(ctx, addrs, trainers, trainer.JobConfig{Job: "demo", Table: "train_dlrm", Model: "dlrm", Dim: 8, Hidden: []int{32, 16},
+		Shards: 4, Steps: steps, Batch: 64, Data: "synthetic", Fields: 8, Vocab: 100, Seed: 1, Mode: "sync",
+		SlowRank: -1, CheckpointEvery: 100, EvalEvery: max(1, steps/12), EvalSamples: 20000, World: trainers, AfterStep: afterStep}, out)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -181,10 +177,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 	}
 	if killed.Load() {
 		say("restarting %s; it catches up from its data directory", victim)
-		if err := c.start(mustNode(c, victim)); err != nil {
-			return err
-		}
-		if err := c.waitServing(30*time.Second, out); err != nil {
+		if err := c.Restart(victim, 30*time.Second, out); err != nil {
 			return err
 		}
 	} else {
@@ -195,7 +188,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 		keys[i] = uint64(i)
 	}
 	got := make([]float32, counters)
-	if err := cl.PullWith(ctx, "demo_counts", keys, got, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	if err := cl.Pull(ctx, "demo_counts", keys, got, client.WithConsistency(client.Linearizable)); err != nil {
 		return err
 	}
 	var total, lost, doubled int64
@@ -229,53 +222,7 @@ func demo(dir string, base, steps, trainers int, keep bool, out io.Writer) (err 
 		return fmt.Errorf("%d acknowledged pushes lost, %d applied twice", lost, doubled)
 	}
 	if keep {
-		say("cluster left running: export RAFTPS_CLUSTER=%s; raftps cluster down --dir %s", c.addrs(), filepath.Join(dir, "cluster"))
+		say("cluster left running: export RAFTPS_CLUSTER=%s; raftps cluster down --dir %s", strings.Join(addrs, ","), filepath.Join(dir, "cluster"))
 	}
 	return nil
-}
-
-// trainTogether runs n synchronous trainers in this process, each with its
-// own client and a collective group on loopback, and returns trainer 0's
-// result (they end with the same dense parameters). Only trainer 0 prints.
-func trainTogether(ctx context.Context, addrs []string, n int, tc trainConfig, out io.Writer) (*trainer.Result, error) {
-	lns := make([]net.Listener, n)
-	var peers []string
-	for r := range lns {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns[r] = ln
-		peers = append(peers, ln.Addr().String())
-	}
-	results := make([]*trainer.Result, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			cl, err := shard.NewClient(shard.ClientConfig{Addrs: addrs})
-			if err != nil {
-				errs[r] = err
-				lns[r].Close()
-				return
-			}
-			defer cl.Close()
-			t := tc
-			t.rank, t.world, t.peers, t.listener, t.quiet = r, n, strings.Join(peers, ","), lns[r], r != 0
-			if r != 0 {
-				t.afterStep = nil // trainer 0 reports for the job
-			}
-			results[r], errs[r] = train(ctx, cl, t, out)
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return results[0], nil
-}
-
-func mustNode(c *localCluster, id string) localNode {
-	nd, _ := c.node(id)
-	return nd
 }

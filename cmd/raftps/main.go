@@ -22,7 +22,7 @@ type command struct {
 // the elastic cluster's administration.
 var commands = map[string]command{
 	"version": {"print the build's version and module versions", runVersion},
-	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --bootstrap | --join A,B | --peers n1=A,n2=B,n3=C", runServer},
+	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --bootstrap | --join P,Q | --peers n1=P,n2=Q,n3=R (peer addresses)", runServer},
 	"node":    {"change a node's admin state: raftps node drain [--wait]|remove|activate NODE", runNode},
 	"table":   {"create, alter, list or describe tables: raftps table create|alter NAME ...", runTable},
 	"pull":    {"print rows: raftps pull TABLE KEY...", runPull},

@@ -28,7 +28,7 @@ func TestRun(t *testing.T) {
 		{[]string{"table", "frob"}, 2, "", "want create, alter, list or describe"},
 		{[]string{"table", "alter"}, 2, "", "usage: raftps table alter NAME"},
 		{[]string{"table", "alter", "t", "--cluster", ""}, 1, "", "nothing to change"},
-		{[]string{"table", "alter", "t", "--consistency", "bounded:soon", "--cluster", ""}, 1, "", "want bounded:DURATION"},
+		{[]string{"table", "alter", "t", "--consistency", "bounded:soon", "--cluster", ""}, 1, "", "is not a positive duration"},
 		{[]string{"table", "alter", "t", "--hot-replicas", "17", "--cluster", ""}, 1, "", "--hot-replicas 17: want 0..16"},
 		{[]string{"table", "alter", "t", "--hot-threshold", "0", "--cluster", ""}, 1, "", "no cluster given"},
 		{[]string{"table", "create", "t", "--dim", "4", "--hot-threshold", "-1"}, 1, "", "--hot-threshold -1: want pulls a second >= 0"},
@@ -38,7 +38,21 @@ func TestRun(t *testing.T) {
 		{[]string{"table", "create", "t", "--dim", "4", "--replication", "chain", "--hot-threshold", "10", "--cluster", ""}, 1, "", "no cluster given"},
 		// Bounded tables are no longer refused before the cluster is asked.
 		{[]string{"table", "create", "t", "--dim", "4", "--consistency", "bounded:100ms", "--hot-threshold", "1000", "--cluster", ""}, 1, "", "no cluster given"},
-		{[]string{"pull", "t", "1", "--consistency", "bounded", "--cluster", ""}, 1, "", "want bounded:DURATION"},
+		{[]string{"pull", "t", "1", "--consistency", "bounded", "--cluster", ""}, 1, "", "bounded needs its bound"},
+		{[]string{"pull", "t", "--cluster", ""}, 1, "", "no keys"},
+		// Every subcommand's -h lists its flags, those that take a name
+		// first included.
+		{[]string{"pull", "-h"}, 0, "", "-consistency"},
+		{[]string{"table", "create", "-h"}, 0, "", "-dim"},
+		{[]string{"table", "alter", "-h"}, 0, "", "-hot-threshold"},
+		{[]string{"table", "describe", "-h"}, 0, "", "-cluster"},
+		{[]string{"node", "drain", "-h"}, 0, "", "-wait"},
+		{[]string{"cluster", "kill", "-h"}, 0, "", "-dir"},
+		{[]string{"cluster", "up", "-h"}, 0, "", "-base-port"},
+		{[]string{"server", "-h"}, 0, "", "-peer-addr"},
+		{[]string{"chaos", "-h"}, 0, "", "-faults"},
+		{[]string{"bench", "-h"}, 0, "", "-workload"},
+		{[]string{"status", "-h"}, 0, "", "-checksums"},
 		{[]string{"pull", "t", "1", "--consistency", "eventual", "--allow-weaker", "--cluster", ""}, 1, "", "no cluster given"},
 		{[]string{"status", "--hot", "--cluster", ""}, 1, "", "no cluster given"},
 	} {

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 // nodeUsage is the node command's synopsis.
@@ -26,14 +24,14 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	verb := args[0]
-	var admin shardpb.NodeAdmin
+	var admin client.NodeAdmin
 	switch verb {
 	case "drain":
-		admin = shardpb.NodeAdmin_NODE_DRAINING
+		admin = client.NodeDraining
 	case "remove":
-		admin = shardpb.NodeAdmin_NODE_REMOVED
+		admin = client.NodeRemoved
 	case "activate":
-		admin = shardpb.NodeAdmin_NODE_ACTIVE
+		admin = client.NodeActive
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, nodeUsage)
 		return 0
@@ -47,18 +45,15 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to keep trying to reach the metadata leader")
 	var wait *bool
 	var waitFor *time.Duration
-	if admin == shardpb.NodeAdmin_NODE_DRAINING {
+	if admin == client.NodeDraining {
 		wait = fs.Bool("wait", false, "wait until NODE holds no replica and leads no shard, printing progress")
 		waitFor = fs.Duration("wait-timeout", 30*time.Minute, "with --wait: how long to wait at most")
 	}
-	if len(args) < 2 || strings.HasPrefix(args[1], "-") {
-		fmt.Fprintf(stderr, "usage: raftps node %s NODE [flags]\n", verb)
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		return 2
+	id, rest, rc := nameArg(fs, args[1:], "raftps node "+verb+" NODE [flags]", stderr)
+	if rc >= 0 {
+		return rc
 	}
-	id := args[1]
-	if rc := parse(fs, args[2:], stderr); rc >= 0 {
+	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
 	cmd := "node " + verb
@@ -68,13 +63,13 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	err = cl.SetNodeAdmin(ctx, id, admin)
+	err = cl.Admin().SetNodeAdmin(ctx, id, admin)
 	cancel()
 	if err != nil {
 		return fail(stderr, cmd, nodeAdminError(id, err))
 	}
 	switch admin {
-	case shardpb.NodeAdmin_NODE_DRAINING:
+	case client.NodeDraining:
 		if !*wait {
 			fmt.Fprintf(stdout, "node %s is draining: its replicas and leaderships move to other nodes (watch with 'raftps status', or use --wait)\n", id)
 			return 0
@@ -84,9 +79,9 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, cmd, err)
 		}
 		fmt.Fprintf(stdout, "node %s is drained: it holds no replica and leads no shard; stop it, then 'raftps node remove %s'\n", id, id)
-	case shardpb.NodeAdmin_NODE_REMOVED:
+	case client.NodeRemoved:
 		fmt.Fprintf(stdout, "node %s is removed: its replicas are placed on other nodes, and it may not rejoin under this ID\n", id)
-	case shardpb.NodeAdmin_NODE_ACTIVE:
+	case client.NodeActive:
 		fmt.Fprintf(stdout, "node %s is active: it may hold replicas again\n", id)
 	}
 	return 0
@@ -95,7 +90,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 // nodeAdminError says plainly that a node is unknown; the server's other
 // refusals explain themselves.
 func nodeAdminError(id string, err error) error {
-	if errors.Is(err, shard.ErrUnknownNode) {
+	if errors.Is(err, client.ErrUnknownNode) {
 		return fmt.Errorf("no node %q in the cluster map (see 'raftps status'): %w", id, err)
 	}
 	return err
@@ -112,7 +107,7 @@ func (p drainProgress) done() bool { return p.known && p.replicas == 0 && p.lead
 
 // waitDrained polls the cluster map and the node's status until the node
 // holds no replica and leads nothing, printing progress every few seconds.
-func waitDrained(cl *shard.Client, addrs []string, id string, timeout time.Duration, stderr io.Writer) error {
+func waitDrained(cl *client.Client, addrs []string, id string, timeout time.Duration, stderr io.Writer) error {
 	deadline := time.Now().Add(timeout)
 	next := time.Now().Add(3 * time.Second)
 	var last drainProgress
@@ -156,20 +151,16 @@ func (p drainProgress) String() string {
 // drainState counts the node's replicas in the metadata leader's map and
 // the shard groups it leads: as it says itself, else as the nodes that
 // answer see it by gossip.
-func drainState(cl *shard.Client, addrs []string, id string) (drainProgress, error) {
+func drainState(cl *client.Client, addrs []string, id string) (drainProgress, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	cm, err := cl.ClusterMap(ctx)
+	cm, err := cl.Admin().ClusterMap(ctx)
 	if err != nil {
-		return drainProgress{}, fmt.Errorf("reading the cluster map: %w", err)
+		return drainProgress{}, err
 	}
 	p := drainProgress{leaders: -1}
-	nodeAddr := ""
-	for _, nd := range cm.Nodes {
-		if nd.Id == id {
-			p.known, nodeAddr = true, nd.Addr
-		}
-	}
+	nd, known := cm.Node(id)
+	p.known = known
 	if !p.known {
 		return p, fmt.Errorf("node %s is not in the cluster map any more", id)
 	}
@@ -178,15 +169,15 @@ func drainState(cl *shard.Client, addrs []string, id string) (drainProgress, err
 			p.replicas++
 		}
 	}
-	ask := append([]string{nodeAddr}, addrs...)
+	ask := append([]string{nd.Addr}, addrs...)
 	for _, a := range ask {
-		st, err := cl.Status(ctx, a)
+		st, err := cl.Admin().NodeStatus(ctx, a, false)
 		if err != nil {
 			continue
 		}
-		for _, nd := range st.Nodes {
-			if nd.Id == id {
-				p.leaders = int(nd.Leaders)
+		for _, o := range st.Nodes {
+			if o.ID == id {
+				p.leaders = o.Leaders
 			}
 		}
 		if p.leaders >= 0 {

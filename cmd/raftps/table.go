@@ -10,10 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 )
 
 func runTable(args []string, stdout, stderr io.Writer) int {
@@ -35,34 +34,14 @@ func runTable(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// parseConsistency reads linearizable, eventual or bounded:DURATION.
-func parseConsistency(s string) (shardpb.Consistency, time.Duration, error) {
-	kind, arg, _ := strings.Cut(s, ":")
-	switch kind {
-	case "linearizable":
-		return shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0, nil
-	case "eventual":
-		return shardpb.Consistency_CONSISTENCY_EVENTUAL, 0, nil
-	case "bounded":
-		d, err := time.ParseDuration(arg)
-		if err != nil || d <= 0 {
-			return 0, 0, fmt.Errorf("--consistency %q: want bounded:DURATION, e.g. bounded:100ms", s)
-		}
-		return shardpb.Consistency_CONSISTENCY_BOUNDED, d, nil
+// parseConsistency reads --consistency: linearizable, eventual or
+// bounded:DURATION.
+func parseConsistency(s string) (client.Consistency, error) {
+	c, err := client.ParseConsistency(s)
+	if err != nil {
+		return c, fmt.Errorf("--consistency: %w", err)
 	}
-	return 0, 0, fmt.Errorf("--consistency %q: want linearizable, bounded:DURATION or eventual", s)
-}
-
-func consistencyName(c shardpb.Consistency, bound int64) string {
-	switch c {
-	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE:
-		return "linearizable"
-	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		return "eventual"
-	case shardpb.Consistency_CONSISTENCY_BOUNDED:
-		return "bounded:" + time.Duration(bound).String()
-	}
-	return c.String()
+	return c, nil
 }
 
 // Help texts of the hot-key flags, shared by table create and table alter.
@@ -77,8 +56,8 @@ func checkHot(threshold float64, replicas uint) error {
 	if math.IsNaN(threshold) || math.IsInf(threshold, 0) || threshold < 0 {
 		return fmt.Errorf("--hot-threshold %v: want pulls a second >= 0 (0 turns hot keys off)", threshold)
 	}
-	if replicas > shard.MaxHotReplicas {
-		return fmt.Errorf("--hot-replicas %d: want 0..%d", replicas, shard.MaxHotReplicas)
+	if replicas > api.MaxHotReplicas {
+		return fmt.Errorf("--hot-replicas %d: want 0..%d", replicas, api.MaxHotReplicas)
 	}
 	if threshold == 0 && replicas > 0 {
 		return fmt.Errorf("--hot-replicas %d without a --hot-threshold: hot keys are off, so there would be no read replicas", replicas)
@@ -87,7 +66,7 @@ func checkHot(threshold float64, replicas uint) error {
 }
 
 // hotSetting is a table's hot-key setting as describe and list print it.
-func hotSetting(s *shardpb.TableSpec) string {
+func hotSetting(s client.TableSpec) string {
 	if s.HotThreshold <= 0 {
 		return "off"
 	}
@@ -111,19 +90,16 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	cons := fs.String("consistency", "linearizable", "linearizable, bounded:DURATION (10ms..1h) or eventual")
 	hotThreshold := fs.Float64("hot-threshold", 0, hotThresholdHelp)
 	hotReplicas := fs.Uint("hot-replicas", 0, hotReplicasHelp)
-	repl := fs.String("replication", shard.ReplicationRaft, "how each shard is replicated: raft (a Raft group per shard) or chain (head → … → tail, CRAQ reads); fixed at creation")
+	repl := fs.String("replication", api.ReplicationRaft, "how each shard is replicated: raft (a Raft group per shard) or chain (head → … → tail, CRAQ reads); fixed at creation")
 	// The name comes first; flags after it.
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: raftps table create NAME --dim N [flags]")
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		return 2
-	}
-	name := args[0]
-	if rc := parse(fs, args[1:], stderr); rc >= 0 {
+	name, rest, rc := nameArg(fs, args, "raftps table create NAME --dim N [flags]", stderr)
+	if rc >= 0 {
 		return rc
 	}
-	c, bound, err := parseConsistency(*cons)
+	if rc := parse(fs, rest, stderr); rc >= 0 {
+		return rc
+	}
+	c, err := parseConsistency(*cons)
 	if err != nil {
 		return fail(stderr, "table create", err)
 	}
@@ -133,50 +109,29 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	if err := checkHot(*hotThreshold, *hotReplicas); err != nil {
 		return fail(stderr, "table create", err)
 	}
-	if *repl != shard.ReplicationRaft && *repl != shard.ReplicationChain {
-		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, shard.ReplicationRaft, shard.ReplicationChain))
+	if *repl != api.ReplicationRaft && *repl != api.ReplicationChain {
+		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, api.ReplicationRaft, api.ReplicationChain))
 	}
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "table create", err)
 	}
 	defer cl.Close()
-	spec, err := cl.CreateTable(context.Background(), &shardpb.TableSpec{
-		Name: name, Dim: uint32(*dim), Optimizer: *opt, Initializer: *init, Shards: uint32(*shards),
-		Replicas: uint32(*replicas), Seed: *seed, Consistency: c, StalenessBoundNs: int64(bound),
-		HotThreshold: *hotThreshold, HotReplicas: uint32(*hotReplicas), Replication: *repl,
+	spec, err := cl.Tables().Create(context.Background(), client.TableSpec{
+		Name: name, Dim: *dim, Optimizer: *opt, Initializer: *init, Shards: int(*shards),
+		Replicas: int(*replicas), Seed: *seed, Consistency: c,
+		HotThreshold: *hotThreshold, HotReplicas: int(*hotReplicas), Replication: client.Replication(*repl),
 	})
 	if err != nil {
 		return fail(stderr, "table create", err)
 	}
 	if cf.json {
-		_ = printJSON(stdout, specJSON(spec))
+		_ = printJSON(stdout, spec)
 		return 0
 	}
 	fmt.Fprintf(stdout, "created table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, %s, hot keys: %s\n",
-		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Replication, spec.Optimizer, spec.Initializer, consistencyName(spec.Consistency, spec.StalenessBoundNs), hotSetting(spec))
+		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Replication, spec.Optimizer, spec.Initializer, spec.Consistency, hotSetting(spec))
 	return 0
-}
-
-type tableJSON struct {
-	Name        string `json:"name"`
-	Dim         uint32 `json:"dim"`
-	Shards      uint32 `json:"shards"`
-	Replicas    uint32 `json:"replicas"`
-	Optimizer   string `json:"optimizer"`
-	Initializer string `json:"initializer"`
-	Seed        uint64 `json:"seed"`
-	Consistency string `json:"consistency"`
-	Replication string `json:"replication"`
-	// HotThreshold 0: hot-key detection is off (and HotReplicas 0).
-	HotThreshold float64 `json:"hot_threshold"`
-	HotReplicas  uint32  `json:"hot_replicas"`
-}
-
-func specJSON(s *shardpb.TableSpec) tableJSON {
-	return tableJSON{Name: s.Name, Dim: s.Dim, Shards: s.Shards, Replicas: s.Replicas, Optimizer: s.Optimizer, Initializer: s.Initializer,
-		Seed: s.Seed, Consistency: consistencyName(s.Consistency, s.StalenessBoundNs), Replication: s.Replication,
-		HotThreshold: s.HotThreshold, HotReplicas: s.HotReplicas}
 }
 
 func tableList(args []string, stdout, stderr io.Writer) int {
@@ -191,22 +146,21 @@ func tableList(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "table list", err)
 	}
 	defer cl.Close()
-	specs, err := cl.ListTables(context.Background())
+	specs, err := cl.Tables().List(context.Background())
 	if err != nil {
 		return fail(stderr, "table list", err)
 	}
 	if cf.json {
-		out := []tableJSON{}
-		for _, s := range specs {
-			out = append(out, specJSON(s))
+		if specs == nil {
+			specs = []client.TableSpec{}
 		}
-		_ = printJSON(stdout, out)
+		_ = printJSON(stdout, specs)
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tDIM\tSHARDS\tREPLICAS\tREPLICATION\tOPTIMIZER\tINIT\tCONSISTENCY\tHOT KEYS")
 	for _, s := range specs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, consistencyName(s.Consistency, s.StalenessBoundNs), hotSetting(s))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, s.Consistency, hotSetting(s))
 	}
 	tw.Flush()
 	return 0
@@ -216,12 +170,11 @@ func tableDescribe(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps table describe NAME", flag.ContinueOnError)
 	var cf clusterFlags
 	cf.register(fs)
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: raftps table describe NAME [flags]")
-		return 2
+	name, rest, rc := nameArg(fs, args, "raftps table describe NAME [flags]", stderr)
+	if rc >= 0 {
+		return rc
 	}
-	name := args[0]
-	if rc := parse(fs, args[1:], stderr); rc >= 0 {
+	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
 	cl, err := cf.client()
@@ -229,7 +182,7 @@ func tableDescribe(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "table describe", err)
 	}
 	defer cl.Close()
-	d, err := cl.Describe(context.Background(), name)
+	d, err := cl.Tables().Describe(context.Background(), name)
 	if err != nil {
 		return fail(stderr, "table describe", err)
 	}
@@ -238,58 +191,36 @@ func tableDescribe(args []string, stdout, stderr io.Writer) int {
 }
 
 // printDescribe prints a table as describe does; alter prints the altered
-// table the same way, so scripts read both alike.
-func printDescribe(stdout io.Writer, d *shardpb.DescribeTableResponse, asJSON bool) {
+// table the same way, so scripts read both alike. Its JSON is the client's
+// TableInfo: the spec, and each shard's replicas (a chain's order, head
+// first), epoch and leader.
+func printDescribe(stdout io.Writer, d client.TableInfo, asJSON bool) {
+	s := d.Spec
+	chain := s.Replication == client.Chain
 	if asJSON {
-		type leader struct {
-			Shard  uint32 `json:"shard"`
-			Leader string `json:"leader"`
-			Addr   string `json:"addr"`
-		}
-		// chain: a chain table's shards, each its order (head first) and
-		// epoch; its "leader" is the head.
-		type chain struct {
-			Shard uint32   `json:"shard"`
-			Epoch uint64   `json:"epoch"`
-			Order []string `json:"order"`
-		}
-		out := struct {
-			tableJSON
-			Leaders []leader `json:"leaders"`
-			Chains  []chain  `json:"chains,omitempty"`
-		}{tableJSON: specJSON(d.Spec)}
-		for _, l := range d.Leaders {
-			out.Leaders = append(out.Leaders, leader{l.Shard, l.LeaderId, l.LeaderAddr})
-		}
-		if d.Spec.Replication == shard.ReplicationChain {
-			for _, sm := range d.Shards {
-				out.Chains = append(out.Chains, chain{sm.Shard, sm.Epoch, sm.Replicas})
-			}
-		}
-		_ = printJSON(stdout, out)
+		_ = printJSON(stdout, d)
 		return
 	}
-	s := d.Spec
 	fmt.Fprintf(stdout, "table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, seed %d, %s\n",
-		s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, s.Seed, consistencyName(s.Consistency, s.StalenessBoundNs))
+		s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, s.Seed, s.Consistency)
 	fmt.Fprintf(stdout, "hot keys: %s\n", hotSetting(s))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	if s.Replication == shard.ReplicationChain {
+	if chain {
 		// A chain's head is the first of its order in the map.
 		fmt.Fprintln(tw, "SHARD\tEPOCH\tCHAIN (head → tail)")
-		for _, sm := range d.Shards {
-			fmt.Fprintf(tw, "%d\t%d\t%s\n", sm.Shard, sm.Epoch, strings.Join(sm.Replicas, " → "))
+		for _, sh := range d.Shards {
+			fmt.Fprintf(tw, "%d\t%d\t%s\n", sh.Shard, sh.Epoch, strings.Join(sh.Replicas, " → "))
 		}
 		tw.Flush()
 		return
 	}
 	fmt.Fprintln(tw, "SHARD\tLEADER\tADDR")
-	for _, l := range d.Leaders {
-		id := l.LeaderId
+	for _, sh := range d.Shards {
+		id := sh.LeaderID
 		if id == "" {
 			id = "(none)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", l.Shard, id, l.LeaderAddr)
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", sh.Shard, id, sh.LeaderAddr)
 	}
 	tw.Flush()
 }
@@ -332,7 +263,7 @@ func (a alterFlags) check() error {
 		return errors.New("nothing to change: give --consistency, --hot-threshold and/or --hot-replicas")
 	}
 	if a.consistency != nil {
-		if _, _, err := parseConsistency(*a.consistency); err != nil {
+		if _, err := parseConsistency(*a.consistency); err != nil {
 			return err
 		}
 	}
@@ -343,8 +274,8 @@ func (a alterFlags) check() error {
 	if a.hotThreshold != nil {
 		return checkHot(*a.hotThreshold, 0)
 	}
-	if a.hotReplicas != nil && *a.hotReplicas > shard.MaxHotReplicas {
-		return fmt.Errorf("--hot-replicas %d: want 0..%d", *a.hotReplicas, shard.MaxHotReplicas)
+	if a.hotReplicas != nil && *a.hotReplicas > api.MaxHotReplicas {
+		return fmt.Errorf("--hot-replicas %d: want 0..%d", *a.hotReplicas, api.MaxHotReplicas)
 	}
 	return nil
 }
@@ -356,38 +287,58 @@ func (a alterFlags) needsSpec() bool {
 	return (a.hotThreshold == nil) != (a.hotReplicas == nil)
 }
 
-// request is the AlterTable request for table name; cur is its spec (only
-// read if needsSpec).
-func (a alterFlags) request(name string, cur *shardpb.TableSpec) (*shardpb.AlterTableRequest, error) {
+// alterPlan is what table alter changes: the level (nil: keeps it), and
+// with hot both hot-key settings.
+type alterPlan struct {
+	consistency *client.Consistency
+	hot         bool
+	threshold   float64
+	replicas    int
+}
+
+func (p alterPlan) options() []client.AlterOption {
+	var opts []client.AlterOption
+	if p.consistency != nil {
+		opts = append(opts, client.SetConsistency(*p.consistency))
+	}
+	if p.hot {
+		opts = append(opts, client.SetHotKeys(p.threshold, p.replicas))
+	}
+	return opts
+}
+
+// plan is the change for a table whose spec is cur (only read if
+// needsSpec).
+func (a alterFlags) plan(name string, cur *client.TableSpec) (alterPlan, error) {
+	var p alterPlan
 	if err := a.check(); err != nil {
-		return nil, err
+		return p, err
 	}
 	if a.needsSpec() && cur == nil {
-		return nil, fmt.Errorf("table %q: its current spec is needed to change one hot-key setting alone", name)
+		return p, fmt.Errorf("table %q: its current spec is needed to change one hot-key setting alone", name)
 	}
-	req := &shardpb.AlterTableRequest{Name: name}
 	if a.consistency != nil {
-		c, bound, _ := parseConsistency(*a.consistency)
-		req.Consistency, req.StalenessBoundNs = c, int64(bound)
+		c, _ := parseConsistency(*a.consistency)
+		p.consistency = &c
 	}
 	switch {
 	case a.hotThreshold != nil && a.hotReplicas != nil:
-		req.HotThreshold, req.HotReplicas = *a.hotThreshold, uint32(*a.hotReplicas)
+		p.threshold, p.replicas = *a.hotThreshold, int(*a.hotReplicas)
 	case a.hotThreshold != nil:
-		req.HotThreshold = *a.hotThreshold
+		p.threshold = *a.hotThreshold
 		// Turning hot keys off drops the read replicas; otherwise the
 		// table's count stays (0 if they were off: the server's default).
-		if req.HotThreshold > 0 {
-			req.HotReplicas = cur.HotReplicas
+		if p.threshold > 0 {
+			p.replicas = cur.HotReplicas
 		}
 	case a.hotReplicas != nil:
 		if cur.HotThreshold <= 0 {
-			return nil, fmt.Errorf("table %q has hot keys off: give --hot-threshold with --hot-replicas", name)
+			return p, fmt.Errorf("table %q has hot keys off: give --hot-threshold with --hot-replicas", name)
 		}
-		req.HotThreshold, req.HotReplicas = cur.HotThreshold, uint32(*a.hotReplicas)
+		p.threshold, p.replicas = cur.HotThreshold, int(*a.hotReplicas)
 	}
-	req.SetHot = a.hotThreshold != nil || a.hotReplicas != nil
-	return req, nil
+	p.hot = a.hotThreshold != nil || a.hotReplicas != nil
+	return p, nil
 }
 
 func tableAlter(args []string, stdout, stderr io.Writer) int {
@@ -396,14 +347,11 @@ func tableAlter(args []string, stdout, stderr io.Writer) int {
 	cf.register(fs)
 	var a alterFlags
 	a.register(fs)
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: raftps table alter NAME [--consistency C] [--hot-threshold RATE] [--hot-replicas N] [flags]")
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		return 2
+	name, rest, rc := nameArg(fs, args, "raftps table alter NAME [--consistency C] [--hot-threshold RATE] [--hot-replicas N] [flags]", stderr)
+	if rc >= 0 {
+		return rc
 	}
-	name := args[0]
-	if rc := parse(fs, args[1:], stderr); rc >= 0 {
+	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
 	a.given(fs)
@@ -416,31 +364,30 @@ func tableAlter(args []string, stdout, stderr io.Writer) int {
 	}
 	defer cl.Close()
 	ctx := context.Background()
-	var cur *shardpb.TableSpec
+	var cur *client.TableSpec
 	if a.needsSpec() {
-		d, err := cl.Describe(ctx, name)
+		d, err := cl.Tables().Describe(ctx, name)
 		if err != nil {
 			return fail(stderr, "table alter", err)
 		}
-		cur = d.Spec
+		cur = &d.Spec
 	}
-	req, err := a.request(name, cur)
+	p, err := a.plan(name, cur)
 	if err != nil {
 		return fail(stderr, "table alter", err)
 	}
-	spec, err := cl.AlterTable(ctx, req)
+	spec, err := cl.Tables().Alter(ctx, name, p.options()...)
 	if err != nil {
 		return fail(stderr, "table alter", err)
 	}
-	// The spec is AlterTable's: a node that has not applied the change yet
-	// would describe the old one. Describe only adds the shard leaders, so
-	// the output reads like describe's.
-	d := &shardpb.DescribeTableResponse{Spec: spec}
-	if got, err := cl.Describe(ctx, name); err != nil {
+	// The spec is Alter's: a node that has not applied the change yet
+	// would describe the old one. Describe only adds the shards' leaders,
+	// so the output reads like describe's.
+	d, err := cl.Tables().Describe(ctx, name)
+	if err != nil {
 		fmt.Fprintf(stderr, "raftps table alter: altered; listing the shard leaders failed: %v\n", err)
-	} else {
-		d.Leaders = got.Leaders
 	}
+	d.Spec = spec
 	printDescribe(stdout, d, cf.json)
 	return 0
 }
@@ -451,13 +398,11 @@ func runPull(args []string, stdout, stderr io.Writer) int {
 	cf.register(fs)
 	cons := fs.String("consistency", "", "linearizable, bounded:DURATION or eventual (default: the table's level and bound)")
 	weaker := fs.Bool("allow-weaker", false, "allow a weaker level than the table's (refused without it), or a looser bound (the table's is used without it)")
-	if len(args) < 2 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: raftps pull TABLE KEY... [flags]")
-		return 2
+	table, rest, rc := nameArg(fs, args, "raftps pull TABLE KEY... [flags]", stderr)
+	if rc >= 0 {
+		return rc
 	}
-	table := args[0]
 	var keys []uint64
-	rest := args[1:]
 	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		k, err := strconv.ParseUint(rest[0], 10, 64)
 		if err != nil {
@@ -469,6 +414,9 @@ func runPull(args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
+	if len(keys) == 0 {
+		return fail(stderr, "pull", fmt.Errorf("no keys: usage: raftps pull TABLE KEY... [flags]"))
+	}
 	opts, err := pullOptions(*cons, *weaker)
 	if err != nil {
 		return fail(stderr, "pull", err)
@@ -478,14 +426,14 @@ func runPull(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "pull", err)
 	}
 	defer cl.Close()
-	d, err := cl.Describe(context.Background(), table)
+	d, err := cl.Tables().Describe(context.Background(), table)
 	if err != nil {
 		return fail(stderr, "pull", err)
 	}
-	dim := int(d.Spec.Dim)
+	dim := d.Spec.Dim
 	out := make([]float32, len(keys)*dim)
-	if err := cl.PullOpts(context.Background(), table, keys, out, opts); err != nil {
-		if errors.Is(err, shard.ErrWeakerConsistency) && !opts.AllowWeaker {
+	if err := cl.Pull(context.Background(), table, keys, out, opts...); err != nil {
+		if errors.Is(err, client.ErrWeakerConsistency) && !*weaker {
 			err = fmt.Errorf("%w; pass --allow-weaker to read it anyway", err)
 		}
 		return fail(stderr, "pull", err)
@@ -510,15 +458,21 @@ func runPull(args []string, stdout, stderr io.Writer) int {
 
 // pullOptions are the options of a pull with --consistency cons ("": the
 // table's) and --allow-weaker.
-func pullOptions(cons string, allowWeaker bool) (shard.PullOptions, error) {
-	o := shard.PullOptions{AllowWeaker: allowWeaker}
+func pullOptions(cons string, allowWeaker bool) ([]client.PullOption, error) {
+	var opts []client.PullOption
+	if allowWeaker {
+		opts = append(opts, client.AllowWeaker())
+	}
 	if cons == "" {
-		return o, nil
+		return opts, nil
 	}
-	level, bound, err := parseConsistency(cons)
+	c, err := parseConsistency(cons)
 	if err != nil {
-		return o, err
+		return nil, err
 	}
-	o.Level, o.StalenessBound = level, bound
-	return o, nil
+	opts = append(opts, client.WithConsistency(c.Level))
+	if c.Level == client.Bounded {
+		opts = append(opts, client.WithStaleness(c.Bound))
+	}
+	return opts, nil
 }

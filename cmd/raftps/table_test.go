@@ -3,42 +3,40 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/client"
 )
 
 func TestParseConsistency(t *testing.T) {
 	for _, tc := range []struct {
-		in    string
-		level shardpb.Consistency
-		bound time.Duration
-		err   string
+		in   string
+		want client.Consistency
+		err  string
 	}{
-		{"linearizable", shardpb.Consistency_CONSISTENCY_LINEARIZABLE, 0, ""},
-		{"eventual", shardpb.Consistency_CONSISTENCY_EVENTUAL, 0, ""},
-		{"bounded:100ms", shardpb.Consistency_CONSISTENCY_BOUNDED, 100 * time.Millisecond, ""},
-		{"bounded", 0, 0, "want bounded:DURATION"},
-		{"bounded:-1s", 0, 0, "want bounded:DURATION"},
-		{"strong", 0, 0, "want linearizable, bounded:DURATION or eventual"},
+		{"linearizable", client.Consistency{Level: client.Linearizable}, ""},
+		{"eventual", client.Consistency{Level: client.Eventual}, ""},
+		{"bounded:100ms", client.Consistency{Level: client.Bounded, Bound: 100 * time.Millisecond}, ""},
+		{"bounded", client.Consistency{}, "bounded needs its bound"},
+		{"bounded:-1s", client.Consistency{}, "not a positive duration"},
+		{"strong", client.Consistency{}, "want linearizable, bounded:DURATION"},
 	} {
-		level, bound, err := parseConsistency(tc.in)
+		c, err := parseConsistency(tc.in)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%q: error %v, want %q", tc.in, err, tc.err)
 			}
 			continue
 		}
-		if err != nil || level != tc.level || bound != tc.bound {
-			t.Errorf("%q: %v %v %v, want %v %v", tc.in, level, bound, err, tc.level, tc.bound)
+		if err != nil || c != tc.want {
+			t.Errorf("%q: %v %v, want %v", tc.in, c, err, tc.want)
 		}
-		if tc.level == shardpb.Consistency_CONSISTENCY_BOUNDED {
-			if got := consistencyName(level, int64(bound)); got != tc.in {
-				t.Errorf("consistencyName of %q = %q", tc.in, got)
-			}
+		if got := c.String(); got != tc.in {
+			t.Errorf("%q printed as %q", tc.in, got)
 		}
 	}
 }
@@ -46,14 +44,14 @@ func TestParseConsistency(t *testing.T) {
 func TestHotSetting(t *testing.T) {
 	for _, tc := range []struct {
 		threshold float64
-		replicas  uint32
+		replicas  int
 		want      string
 	}{
 		{0, 0, "off"},
 		{1000, 2, ">= 1000 pulls/s, 2 read replicas"},
 		{12.5, 1, ">= 12.5 pulls/s, 1 read replica"},
 	} {
-		if got := hotSetting(&shardpb.TableSpec{HotThreshold: tc.threshold, HotReplicas: tc.replicas}); got != tc.want {
+		if got := hotSetting(client.TableSpec{HotThreshold: tc.threshold, HotReplicas: tc.replicas}); got != tc.want {
 			t.Errorf("hotSetting(%v, %d) = %q, want %q", tc.threshold, tc.replicas, got, tc.want)
 		}
 	}
@@ -93,33 +91,28 @@ func alterOf(t *testing.T, args ...string) alterFlags {
 	return a
 }
 
-func TestAlterRequest(t *testing.T) {
-	hot := &shardpb.TableSpec{Name: "t", HotThreshold: 500, HotReplicas: 3}
-	off := &shardpb.TableSpec{Name: "t"}
+func TestAlterPlan(t *testing.T) {
+	hot := &client.TableSpec{Name: "t", HotThreshold: 500, HotReplicas: 3}
+	off := &client.TableSpec{Name: "t"}
+	bounded := client.Consistency{Level: client.Bounded, Bound: 250 * time.Millisecond}
+	lin := client.Consistency{Level: client.Linearizable}
 	for _, tc := range []struct {
 		args      []string
 		needsSpec bool
-		cur       *shardpb.TableSpec
-		want      *shardpb.AlterTableRequest
+		cur       *client.TableSpec
+		want      alterPlan
 		err       string
 	}{
 		{args: nil, err: "nothing to change"},
-		{args: []string{"--consistency", "bounded:250ms"},
-			want: &shardpb.AlterTableRequest{Name: "t", Consistency: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBoundNs: int64(250 * time.Millisecond)}},
-		{args: []string{"--consistency", "linearizable"},
-			want: &shardpb.AlterTableRequest{Name: "t", Consistency: shardpb.Consistency_CONSISTENCY_LINEARIZABLE}},
-		{args: []string{"--hot-threshold", "1000", "--hot-replicas", "4"},
-			want: &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 1000, HotReplicas: 4}},
+		{args: []string{"--consistency", "bounded:250ms"}, want: alterPlan{consistency: &bounded}},
+		{args: []string{"--consistency", "linearizable"}, want: alterPlan{consistency: &lin}},
+		{args: []string{"--hot-threshold", "1000", "--hot-replicas", "4"}, want: alterPlan{hot: true, threshold: 1000, replicas: 4}},
 		// One hot flag alone keeps the table's other setting.
-		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: hot,
-			want: &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 2000, HotReplicas: 3}},
-		{args: []string{"--hot-replicas", "5"}, needsSpec: true, cur: hot,
-			want: &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 500, HotReplicas: 5}},
-		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: off,
-			want: &shardpb.AlterTableRequest{Name: "t", SetHot: true, HotThreshold: 2000}},
+		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: hot, want: alterPlan{hot: true, threshold: 2000, replicas: 3}},
+		{args: []string{"--hot-replicas", "5"}, needsSpec: true, cur: hot, want: alterPlan{hot: true, threshold: 500, replicas: 5}},
+		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: off, want: alterPlan{hot: true, threshold: 2000}},
 		// 0 given is not the same as not given: it turns hot keys off.
-		{args: []string{"--hot-threshold", "0"}, needsSpec: true, cur: hot,
-			want: &shardpb.AlterTableRequest{Name: "t", SetHot: true}},
+		{args: []string{"--hot-threshold", "0"}, needsSpec: true, cur: hot, want: alterPlan{hot: true}},
 		{args: []string{"--hot-replicas", "2"}, needsSpec: true, cur: off, err: "has hot keys off"},
 		{args: []string{"--hot-threshold", "0", "--hot-replicas", "2"}, err: "without a --hot-threshold"},
 		{args: []string{"--hot-threshold", "-3"}, needsSpec: true, err: "want pulls a second >= 0"},
@@ -130,7 +123,7 @@ func TestAlterRequest(t *testing.T) {
 		if got := a.needsSpec(); got != tc.needsSpec {
 			t.Errorf("%v: needsSpec %v, want %v", tc.args, got, tc.needsSpec)
 		}
-		req, err := a.request("t", tc.cur)
+		p, err := a.plan("t", tc.cur)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%v: error %v, want %q", tc.args, err, tc.err)
@@ -141,20 +134,18 @@ func TestAlterRequest(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
 		}
-		if req.String() != tc.want.String() {
-			t.Errorf("%v: request {%v}, want {%v}", tc.args, req, tc.want)
+		if fmt.Sprint(p.consistency) != fmt.Sprint(tc.want.consistency) || p.hot != tc.want.hot || p.threshold != tc.want.threshold || p.replicas != tc.want.replicas {
+			t.Errorf("%v: plan %+v, want %+v", tc.args, p, tc.want)
 		}
 	}
 }
 
 func TestPullOptions(t *testing.T) {
-	o, err := pullOptions("bounded:50ms", true)
-	if err != nil || o.Level != shardpb.Consistency_CONSISTENCY_BOUNDED || o.StalenessBound != 50*time.Millisecond || !o.AllowWeaker {
-		t.Errorf("bounded:50ms --allow-weaker: %+v %v", o, err)
+	if o, err := pullOptions("bounded:50ms", true); err != nil || len(o) != 3 {
+		t.Errorf("bounded:50ms --allow-weaker: %d options, %v", len(o), err)
 	}
-	o, err = pullOptions("", false)
-	if err != nil || o.Level != shardpb.Consistency_CONSISTENCY_UNSPECIFIED || o.StalenessBound != 0 || o.AllowWeaker {
-		t.Errorf("no flags: %+v %v", o, err)
+	if o, err := pullOptions("", false); err != nil || len(o) != 0 {
+		t.Errorf("no flags: %d options, %v", len(o), err)
 	}
 	if _, err := pullOptions("bounded:", false); err == nil {
 		t.Error("bounded: without a duration: no error")
@@ -162,10 +153,10 @@ func TestPullOptions(t *testing.T) {
 }
 
 func TestPrintDescribe(t *testing.T) {
-	d := &shardpb.DescribeTableResponse{
-		Spec: &shardpb.TableSpec{Name: "users", Dim: 8, Shards: 2, Replicas: 3, Replication: "raft", Optimizer: "adagrad", Initializer: "zeros",
-			Consistency: shardpb.Consistency_CONSISTENCY_BOUNDED, StalenessBoundNs: int64(100 * time.Millisecond), HotThreshold: 1000, HotReplicas: 2},
-		Leaders: []*shardpb.ShardLeader{{Shard: 0, LeaderId: "n1", LeaderAddr: "127.0.0.1:7001"}, {Shard: 1}},
+	d := client.TableInfo{
+		Spec: client.TableSpec{Name: "users", Dim: 8, Shards: 2, Replicas: 3, Replication: "raft", Optimizer: "adagrad", Initializer: "zeros",
+			Consistency: client.Consistency{Level: client.Bounded, Bound: 100 * time.Millisecond}, HotThreshold: 1000, HotReplicas: 2},
+		Shards: []client.ShardInfo{{Shard: 0, LeaderID: "n1", LeaderAddr: "127.0.0.1:7001"}, {Shard: 1}},
 	}
 	var out bytes.Buffer
 	printDescribe(&out, d, false)
@@ -180,7 +171,7 @@ SHARD  LEADER  ADDR
 	}
 	out.Reset()
 	printDescribe(&out, d, true)
-	for _, s := range []string{`"consistency": "bounded:100ms"`, `"hot_threshold": 1000`, `"hot_replicas": 2`, `"leader": "n1"`} {
+	for _, s := range []string{`"consistency": "bounded:100ms"`, `"hot_threshold": 1000`, `"hot_replicas": 2`, `"leader_id": "n1"`} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe --json lacks %s:\n%s", s, out.String())
 		}

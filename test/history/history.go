@@ -2,6 +2,7 @@ package history
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -240,6 +241,28 @@ func (r *Recorder) InvokeLevel(client int, kind Kind, level string, keys []uint6
 }
 
 func (r *Recorder) now() int64 { return int64(time.Since(r.start)) }
+
+// At is t on the recorder's clock: nanoseconds since it started.
+func (r *Recorder) At(t time.Time) int64 { return int64(t.Sub(r.start)) }
+
+// ReadGap is the longest stretch of [from, to) (on the recorder's clock) in
+// which no pull completed successfully: from the window's start to the
+// first completion, between two, from the last to its end. It measures how
+// long readers were without an answer, whatever the reason.
+func ReadGap(ops []Op, from, to int64) time.Duration {
+	var done []int64
+	for _, op := range ops {
+		if op.Kind == Pull && op.Outcome == OK && op.Return >= from && op.Return < to {
+			done = append(done, op.Return)
+		}
+	}
+	slices.Sort(done)
+	gap, last := int64(0), from
+	for _, t := range done {
+		gap, last = max(gap, t-last), t
+	}
+	return time.Duration(max(gap, to-last))
+}
 
 // OK records a successful return now. values is what a pull observed (one
 // per key, see Op.Values) and is copied; pass nil for a push. A values slice

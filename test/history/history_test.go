@@ -3,7 +3,6 @@ package history
 import (
 	"math"
 
-	"github.com/anishathalye/porcupine"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 )
 
 // Helpers build ops by hand so each test states its timeline explicitly.
@@ -678,5 +679,29 @@ func TestModelMatchesInfiniteReturn(t *testing.T) {
 	}
 	if legal < 50 || illegal < 50 {
 		t.Fatalf("unbalanced sample: %d legal, %d illegal", legal, illegal)
+	}
+}
+
+// TestReadGap: the longest stretch of a window without a completed pull,
+// counting the window's edges; pushes and failed pulls complete nothing.
+func TestReadGap(t *testing.T) {
+	pull := func(ret int64, o Outcome) Op { return Op{Kind: Pull, Return: ret, Outcome: o} }
+	ops := []Op{
+		pull(5, OK), pull(12, OK), {Kind: Push, Return: 30, Outcome: OK}, pull(40, Failed), pull(50, OK),
+		pull(55, Unknown), pull(-1, Unknown), pull(200, OK),
+	}
+	for _, tc := range []struct {
+		from, to int64
+		want     time.Duration
+	}{
+		{0, 100, 50},  // 50..100 (the pull at 200 is past the window)
+		{0, 60, 38},   // 12..50
+		{13, 60, 37},  // 13..50
+		{60, 100, 40}, // none in the window
+		{0, 300, 150}, // 50..200
+	} {
+		if got := ReadGap(ops, tc.from, tc.to); got != tc.want {
+			t.Errorf("ReadGap(%d, %d) = %d, want %d", tc.from, tc.to, got, tc.want)
+		}
 	}
 }

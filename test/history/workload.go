@@ -5,12 +5,14 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/raftps/raftps/shard/client"
 )
 
-// Store is what a Workload calls: a raftps client (shard.Client).
+// Store is what a Workload calls: a raftps client (*client.Client).
 type Store interface {
 	Push(ctx context.Context, table string, keys []uint64, grads []float32) error
-	Pull(ctx context.Context, table string, keys []uint64, out []float32) error
+	Pull(ctx context.Context, table string, keys []uint64, out []float32, opts ...client.PullOption) error
 }
 
 // Workload is one client's share of the checked workload: until stopped, it
@@ -30,6 +32,10 @@ type Workload struct {
 	Definite func(error) bool
 	// Timeout bounds each call (default 10s).
 	Timeout time.Duration
+	// PullOnly makes the client a reader: it only pulls, so that how long
+	// reads stay unanswered does not depend on writes that wait out a
+	// failover.
+	PullOnly bool
 }
 
 // Run runs the workload against s, recording into rec, until stop closes.
@@ -53,7 +59,7 @@ func (w Workload) Run(s Store, rec *Recorder, stop <-chan struct{}) {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		if rng.IntN(2) == 0 {
+		if !w.PullOnly && rng.IntN(2) == 0 {
 			grads := make([]int64, n)
 			vec := make([]float32, w.Dim*n)
 			for i := range grads {

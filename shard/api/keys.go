@@ -1,4 +1,4 @@
-package shard
+package api
 
 import (
 	"encoding/binary"
@@ -10,12 +10,29 @@ import (
 // wire contract: clients and servers must agree on it, so it never changes.
 // The key is mixed first so that sequential IDs spread evenly.
 func ShardOf(key uint64, n uint32) uint32 {
-	return uint32(fmix64(key) % uint64(n))
+	return uint32(Mix64(key) % uint64(n))
 }
 
+// Mix64 is MurmurHash3's finalizer, a bijection that mixes every bit.
+func Mix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+// GroupID names a shard's replication group: "table/shard". It is also the
+// group's directory under a node's data dir, and how peers address it.
+func GroupID(table string, shard uint32) string { return fmt.Sprintf("%s/%d", table, shard) }
+
+// MetaGroupID is the Raft group of the cluster's metadata.
+const MetaGroupID = "meta"
+
 // The wire carries keys and values as packed little-endian bytes. On the
-// little-endian machines raftps runs on (checked in init) that is their memory,
-// so packing and unpacking are single copies.
+// little-endian machines raftps runs on (checked in init) that is their
+// memory, so packing and unpacking are single copies.
 
 func init() {
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {

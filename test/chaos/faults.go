@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"context"
@@ -12,30 +12,30 @@ import (
 	"sync"
 	"time"
 
-	"github.com/raftps/raftps/shard"
-	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/test/history"
 )
 
-// chaosGroup is one shard of a workload table.
-type chaosGroup struct {
+// group is one shard of a workload table.
+type group struct {
 	table string
 	shard uint32
 }
 
-func (g chaosGroup) String() string { return fmt.Sprintf("%s/%d", g.table, g.shard) }
+func (g group) String() string { return fmt.Sprintf("%s/%d", g.table, g.shard) }
 
 // leaders returns each workload shard's leader ID as the cluster reports it.
-func (r *chaosRun) leaders(ctx context.Context) map[chaosGroup]string {
-	out := map[chaosGroup]string{}
-	for _, name := range r.cc.tables {
-		d, err := r.admin.Describe(ctx, name)
+func (r *run) leaders(ctx context.Context) map[group]string {
+	out := map[group]string{}
+	for _, name := range r.cc.Tables {
+		d, err := r.admin.Tables().Describe(ctx, name)
 		if err != nil {
 			continue
 		}
-		for _, l := range d.Leaders {
-			if l.LeaderId != "" {
-				out[chaosGroup{name, l.Shard}] = l.LeaderId
+		for _, sh := range d.Shards {
+			if sh.LeaderID != "" {
+				out[group{name, uint32(sh.Shard)}] = sh.LeaderID
 			}
 		}
 	}
@@ -43,15 +43,15 @@ func (r *chaosRun) leaders(ctx context.Context) map[chaosGroup]string {
 }
 
 // nodeIDs returns the IDs of the cluster's nodes that are not removed.
-func (r *chaosRun) nodeIDs(ctx context.Context) ([]string, error) {
-	cm, err := r.admin.ClusterMap(ctx)
+func (r *run) nodeIDs(ctx context.Context) ([]string, error) {
+	cm, err := r.admin.Admin().ClusterMap(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
 	for _, n := range cm.Nodes {
-		if n.Admin != shardpb.NodeAdmin_NODE_REMOVED {
-			ids = append(ids, n.Id)
+		if n.Admin != client.NodeRemoved {
+			ids = append(ids, n.ID)
 		}
 	}
 	sort.Strings(ids)
@@ -61,8 +61,8 @@ func (r *chaosRun) nodeIDs(ctx context.Context) ([]string, error) {
 // inject carries out one fault: picks its victim, does it, probes writes to
 // the shards the victim led until they succeed, heals it after cc.down (but
 // kill-node), and waits for the shards' replicas to catch up.
-func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chaosFault {
-	f := chaosFault{Kind: kind, AtS: time.Since(r.start).Seconds(), UnavailableMs: -1, ReplicatedMs: -1}
+func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
+	f := Fault{Kind: kind, AtS: time.Since(r.start).Seconds(), UnavailableMs: -1, ReplicatedMs: -1}
 	leaders := r.leaders(ctx)
 	ids, err := r.nodeIDs(ctx)
 	if err != nil || len(leaders) == 0 {
@@ -79,11 +79,11 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 	var victims []string
 	switch kind {
 	case "kill-leader", "pause-leader", "partition-leader":
-		groups := make([]chaosGroup, 0, len(leaders))
+		groups := make([]group, 0, len(leaders))
 		for g := range leaders {
 			groups = append(groups, g)
 		}
-		slices.SortFunc(groups, func(a, b chaosGroup) int { return strings.Compare(a.String(), b.String()) })
+		slices.SortFunc(groups, func(a, b group) int { return strings.Compare(a.String(), b.String()) })
 		victims = []string{leaders[groups[rng.IntN(len(groups))]]}
 	case "partition-minority", "partition-majority":
 		// A minority: (N-1)/2 nodes; a majority: N/2+1, so that no group
@@ -96,12 +96,14 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		for _, i := range perm[:n] {
 			victims = append(victims, live[i])
 		}
+	case "slow-node":
+		victims = []string{live[rng.IntN(len(live))]}
 	case "kill-node":
-		maxReplicas := uint32(0)
+		maxReplicas := 0
 		for _, s := range r.specs {
 			maxReplicas = max(maxReplicas, s.Replicas)
 		}
-		if len(live) <= int(maxReplicas) {
+		if len(live) <= maxReplicas {
 			f.Error = fmt.Sprintf("kill-node needs more live nodes (%d) than replicas per shard (%d): the cluster could not repair", len(live), maxReplicas)
 			r.logf("%s: %s", kind, f.Error)
 			return f
@@ -109,14 +111,14 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		victims = []string{live[rng.IntN(len(live))]}
 	}
 	f.Node = strings.Join(victims, ",")
-	var affected []chaosGroup
+	var affected []group
 	for g, l := range leaders {
 		// With a majority cut off, no group has a quorum: every one is hit.
 		if slices.Contains(victims, l) || kind == "partition-majority" {
 			affected = append(affected, g)
 		}
 	}
-	slices.SortFunc(affected, func(a, b chaosGroup) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(affected, func(a, b group) int { return strings.Compare(a.String(), b.String()) })
 	for _, g := range affected {
 		f.Groups = append(f.Groups, g.String())
 	}
@@ -129,6 +131,9 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		do, undo = r.target.pause, r.target.resume
 	case "partition-leader", "partition-minority", "partition-majority":
 		do, undo = r.target.isolate, r.target.reconnect
+	case "slow-node":
+		do = func(id string) error { return r.target.slow(id, r.cc.SlowBy) }
+		undo = func(id string) error { return r.target.slow(id, 0) }
 	}
 	t0 := time.Now()
 	for _, v := range victims {
@@ -150,11 +155,11 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 	}
 	probe := make(chan probed, 1)
 	go func() {
-		d, ok := r.probe(affected, t0.Add(r.cc.every-r.cc.down/2))
+		d, ok := r.probe(affected, t0.Add(r.cc.Every-r.cc.Down/2))
 		probe <- probed{d, ok}
 	}()
 	if kind != "kill-node" {
-		time.Sleep(time.Until(t0.Add(r.cc.down)))
+		time.Sleep(time.Until(t0.Add(r.cc.Down)))
 		for _, v := range victims {
 			if err := undo(v); err != nil {
 				f.Error = fmt.Sprintf("healing %s: %v", v, err)
@@ -169,7 +174,7 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 		r.logf("  writes back after %d ms; %s stays down", f.UnavailableMs, victims[0])
 		return f
 	}
-	if d, ok := r.caughtUp(ctx, affected, t0.Add(r.cc.every-r.cc.down/4)); ok {
+	if d, ok := r.caughtUp(ctx, affected, t0.Add(r.cc.Every-r.cc.Down/4)); ok {
 		f.ReplicatedMs = d.Sub(t0).Milliseconds()
 	}
 	r.logf("  writes back after %d ms, replicas caught up after %d ms", f.UnavailableMs, f.ReplicatedMs)
@@ -180,7 +185,7 @@ func (r *chaosRun) inject(ctx context.Context, kind string, rng *rand.Rand) chao
 // acknowledged, or until deadline; it returns the time from the fault to
 // the last group's first acknowledged push. Probes are pushes like any
 // other: recorded in the table's history, and checked with it.
-func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration, bool) {
+func (r *run) probe(groups []group, deadline time.Time) (time.Duration, bool) {
 	if len(groups) == 0 {
 		return 0, true
 	}
@@ -199,7 +204,7 @@ func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration
 				vec[i] = 1
 			}
 			for time.Now().Before(deadline) {
-				p := r.recs[g.table].InvokeLevel(-1, history.Push, levelOf(spec), []uint64{key}, []int64{1})
+				p := r.recs[g.table].InvokeLevel(-1, history.Push, spec.Consistency.String(), []uint64{key}, []int64{1})
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				err := cl.Push(ctx, g.table, []uint64{key}, vec)
 				cancel()
@@ -223,10 +228,10 @@ func (r *chaosRun) probe(groups []chaosGroup, deadline time.Time) (time.Duration
 }
 
 // probeKey returns a key of the run's range (or just above it) in g's shard.
-func (r *chaosRun) probeKey(g chaosGroup) uint64 {
-	shards := r.specs[g.table].Shards
+func (r *run) probeKey(g group) uint64 {
+	shards := uint32(r.specs[g.table].Shards)
 	for k := r.base; ; k++ {
-		if shard.ShardOf(k, shards) == g.shard {
+		if api.ShardOf(k, shards) == g.shard {
 			return k
 		}
 	}
@@ -234,7 +239,7 @@ func (r *chaosRun) probeKey(g chaosGroup) uint64 {
 
 // caughtUp waits until every replica of groups has applied what its leader
 // had applied when the wait began, and returns when that happened.
-func (r *chaosRun) caughtUp(ctx context.Context, groups []chaosGroup, deadline time.Time) (time.Time, bool) {
+func (r *run) caughtUp(ctx context.Context, groups []group, deadline time.Time) (time.Time, bool) {
 	if len(groups) == 0 {
 		return time.Now(), true
 	}
@@ -249,13 +254,13 @@ func (r *chaosRun) caughtUp(ctx context.Context, groups []chaosGroup, deadline t
 				for _, rs := range s.Replicas {
 					if rs.Group == id {
 						if rs.State == "leader" && want[id] == 0 {
-							want[id] = rs.AppliedIndex
+							want[id] = rs.Applied
 						}
-						applied = append(applied, rs.AppliedIndex)
+						applied = append(applied, rs.Applied)
 					}
 				}
 			}
-			replicas := int(r.specs[g.table].Replicas)
+			replicas := r.specs[g.table].Replicas
 			if want[id] == 0 || len(applied) < replicas || slices.Min(applied) < want[id] {
 				done = false
 			}
@@ -269,27 +274,27 @@ func (r *chaosRun) caughtUp(ctx context.Context, groups []chaosGroup, deadline t
 }
 
 // statuses asks every reachable node for its status.
-func (r *chaosRun) statuses(ctx context.Context, checksums bool) []*shardpb.StatusResponse {
+func (r *run) statuses(ctx context.Context, checksums bool) []client.NodeStatus {
 	addrs, _ := r.target.addrs()
-	out := make([]*shardpb.StatusResponse, len(addrs))
+	out := make([]client.NodeStatus, len(addrs))
 	var wg sync.WaitGroup
 	for i, a := range addrs {
 		wg.Go(func() {
 			c, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
-			if st, err := r.admin.StatusWith(c, a, &shardpb.StatusRequest{Checksums: checksums}); err == nil {
+			if st, err := r.admin.Admin().NodeStatus(c, a, checksums); err == nil {
 				out[i] = st
 			}
 		})
 	}
 	wg.Wait()
-	return slices.DeleteFunc(out, func(s *shardpb.StatusResponse) bool { return s == nil })
+	return slices.DeleteFunc(out, func(s client.NodeStatus) bool { return s.NodeID == "" })
 }
 
 // healAll undoes every fault still in effect (but kill-node's): starts
 // stopped nodes, resumes paused ones, reconnects cut-off ones. Each undo is
 // harmless when there is nothing to undo.
-func (r *chaosRun) healAll() {
+func (r *run) healAll() {
 	ids, err := r.nodeIDs(context.Background())
 	if err != nil {
 		r.logf("heal: cannot list nodes: %v", err)
@@ -308,7 +313,7 @@ func (r *chaosRun) healAll() {
 // converge waits until, for every shard of the workload tables, all its
 // live replicas have applied the same index with equal checksums; it
 // reports whether the checksums agree.
-func (r *chaosRun) converge(ctx context.Context, timeout time.Duration) (bool, error) {
+func (r *run) converge(ctx context.Context, timeout time.Duration) (bool, error) {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -321,15 +326,19 @@ func (r *chaosRun) converge(ctx context.Context, timeout time.Duration) (bool, e
 		for _, s := range st {
 			for _, rs := range s.Replicas {
 				if _, ok := r.specs[rs.Table]; ok && rs.Group != "meta" {
-					byGroup[rs.Group] = append(byGroup[rs.Group], replica{rs.AppliedIndex, rs.Checksum, rs.HasChecksum})
+					var sum uint64
+					if rs.Checksum != nil {
+						sum = *rs.Checksum
+					}
+					byGroup[rs.Group] = append(byGroup[rs.Group], replica{rs.Applied, sum, rs.Checksum != nil})
 				}
 			}
 		}
 		settled, equal := true, true
 		last = ""
-		for _, name := range r.cc.tables {
+		for _, name := range r.cc.Tables {
 			spec := r.specs[name]
-			live := int(spec.Replicas)
+			live := spec.Replicas
 			if n := len(st); n < live {
 				live = n
 			}
@@ -359,10 +368,22 @@ func (r *chaosRun) converge(ctx context.Context, timeout time.Duration) (bool, e
 
 // check reads the final rows of every key in a table's history and runs
 // the checkers its level calls for.
-func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []string) {
+func (r *run) check(ctx context.Context, name string, faults []Fault) (TableResult, []string) {
 	spec := r.specs[name]
-	ops := r.recs[name].Ops()
-	tr := chaosTableResult{Name: name, Level: levelOf(spec), History: filepath.Join(r.cc.outDir, name+".jsonl")}
+	rec := r.recs[name]
+	ops := rec.Ops()
+	tr := TableResult{Name: name, Level: spec.Consistency.String(), History: filepath.Join(r.cc.OutDir, name+".jsonl")}
+	// Fault-free: called neither while a fault lasted nor in the second
+	// after its heal.
+	tr.ReadP99Ms = pullP99(ops, func(call int64) bool {
+		for _, f := range faults {
+			at := r.start.Add(time.Duration(f.AtS * float64(time.Second)))
+			if call >= rec.At(at) && call < rec.At(at.Add(r.cc.Down+time.Second)) {
+				return false
+			}
+		}
+		return true
+	})
 	var violations []string
 	bad := func(format string, args ...any) {
 		violations = append(violations, fmt.Sprintf("%s: ", name)+fmt.Sprintf(format, args...))
@@ -384,11 +405,11 @@ func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	dim := int(spec.Dim)
+	dim := spec.Dim
 	out := make([]float32, len(keys)*dim)
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := r.admin.PullWith(rctx, name, keys, out, shardpb.Consistency_CONSISTENCY_LINEARIZABLE); err != nil {
+	if err := r.admin.Pull(rctx, name, keys, out, client.WithConsistency(client.Linearizable)); err != nil {
 		bad("reading the final rows: %v", err)
 		return tr, violations
 	}
@@ -414,9 +435,9 @@ func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []
 	for _, v := range fr.Violations {
 		bad("%s", v)
 	}
-	switch spec.Consistency {
-	case shardpb.Consistency_CONSISTENCY_LINEARIZABLE:
-		res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(r.cc.outDir, name+".html"))
+	switch spec.Consistency.Level {
+	case client.Linearizable:
+		res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(r.cc.OutDir, name+".html"))
 		switch {
 		case err != nil:
 			bad("linearizability check: %v", err)
@@ -426,12 +447,12 @@ func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []
 			v := res.OK
 			tr.Linearizable = &v
 			if !v {
-				bad("NOT linearizable: %v (see %s)", res, filepath.Join(r.cc.outDir, name+".html"))
+				bad("NOT linearizable: %v (see %s)", res, filepath.Join(r.cc.OutDir, name+".html"))
 			}
 		}
-	case shardpb.Consistency_CONSISTENCY_BOUNDED:
-		bound := time.Duration(spec.StalenessBoundNs)
-		vs, err := history.CheckBounded(ops, bound, time.Duration(float64(bound)*shard.ClockRateAllowance))
+	case client.Bounded:
+		bound := spec.Consistency.Bound
+		vs, err := history.CheckBounded(ops, bound, time.Duration(float64(bound)*api.ClockRateAllowance))
 		if err != nil {
 			bad("staleness check: %v", err)
 			break
@@ -449,20 +470,33 @@ func (r *chaosRun) check(ctx context.Context, name string) (chaosTableResult, []
 	return tr, violations
 }
 
-func printChaosReport(w io.Writer, rep *chaosReport) {
+// PrintReport prints a report for people.
+func PrintReport(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\n==> chaos on %s, %.0fs\n", rep.Target, rep.DurationS)
-	fmt.Fprintf(w, "%-20s %-10s %16s %16s  %s\n", "FAULT", "NODE", "UNAVAILABLE(ms)", "REPLICATED(ms)", "SHARDS LED")
+	var tables []string
+	for _, t := range rep.Tables {
+		tables = append(tables, t.Name)
+	}
+	fmt.Fprintf(w, "%-20s %-10s %16s %16s  %-28s %s\n", "FAULT", "NODE", "UNAVAILABLE(ms)", "REPLICATED(ms)", "SHARDS LED", "READ WINDOW/P99 (ms) "+strings.Join(tables, " "))
 	for _, f := range rep.Faults {
-		fmt.Fprintf(w, "%-20s %-10s %16d %16d  %s", f.Kind, f.Node, f.UnavailableMs, f.ReplicatedMs, strings.Join(f.Groups, " "))
+		var reads []string
+		for _, t := range tables {
+			reads = append(reads, fmt.Sprintf("%d/%d", f.ReadWindowMs[t], f.ReadP99Ms[t]))
+		}
+		fmt.Fprintf(w, "%-20s %-10s %16d %16d  %-28s %s", f.Kind, f.Node, f.UnavailableMs, f.ReplicatedMs, strings.Join(f.Groups, " "), strings.Join(reads, " "))
 		if f.Error != "" {
 			fmt.Fprintf(w, "  ERROR: %s", f.Error)
 		}
 		fmt.Fprintln(w)
 	}
 	if len(rep.Faults) > 3 {
-		fmt.Fprintf(w, "%-20s %6s %7s %10s %10s %10s %16s\n", "KIND", "COUNT", "FAILED", "P50(ms)", "P99(ms)", "MAX(ms)", "REPLICATED P50")
+		fmt.Fprintf(w, "%-20s %6s %7s %10s %10s %10s %16s  %s\n", "KIND", "COUNT", "FAILED", "P50(ms)", "P99(ms)", "MAX(ms)", "REPLICATED P50", "READ WINDOW MAX (ms)")
 		for _, k := range rep.ByKind {
-			fmt.Fprintf(w, "%-20s %6d %7d %10d %10d %10d %16d\n", k.Kind, k.Count, k.Failed, k.P50Ms, k.P99Ms, k.MaxMs, k.RepP50Ms)
+			var reads []string
+			for _, t := range tables {
+				reads = append(reads, fmt.Sprint(k.ReadWindowMaxMs[t]))
+			}
+			fmt.Fprintf(w, "%-20s %6d %7d %10d %10d %10d %16d  %s\n", k.Kind, k.Count, k.Failed, k.P50Ms, k.P99Ms, k.MaxMs, k.RepP50Ms, strings.Join(reads, " "))
 		}
 	}
 	verdict := func(v *bool) string {
@@ -475,8 +509,8 @@ func printChaosReport(w io.Writer, rep *chaosReport) {
 		return "VIOLATED"
 	}
 	for _, t := range rep.Tables {
-		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls, %d lost, %d applied twice, %d unknown (per key: %d applied, %d not, %d undecided); linearizable: %s; staleness: %s; history %s\n",
-			t.Name, t.Level, t.Acked, t.Pulls, t.Lost, t.Doubled, t.Unknown, t.UnknownApplied, t.UnknownNotApplied, t.UnknownUndecided,
+		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls (p99 %d ms without faults), %d lost, %d applied twice, %d unknown (per key: %d applied, %d not, %d undecided); linearizable: %s; staleness: %s; history %s\n",
+			t.Name, t.Level, t.Acked, t.Pulls, t.ReadP99Ms, t.Lost, t.Doubled, t.Unknown, t.UnknownApplied, t.UnknownNotApplied, t.UnknownUndecided,
 			verdict(t.Linearizable), verdict(t.Staleness), t.History)
 	}
 	fmt.Fprintf(w, "replica checksums equal: %v\n", rep.ChecksumsEqual)

@@ -1,28 +1,23 @@
-package main
+package chaos
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"os/exec"
-	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/test/localcluster"
 )
 
-// chaosTarget is a cluster chaos can hurt: by node ID, it kills and starts
+// Target is a cluster chaos can hurt: by node ID, it kills and starts
 // a node's process or container, pauses and resumes it, and cuts it off the
 // network and back.
-type chaosTarget interface {
+type Target interface {
 	name() string
-	// addrs returns gRPC addresses of the cluster's nodes, for clients.
+	// addrs returns the client addresses of the cluster's nodes.
 	addrs() ([]string, error)
 	kill(id string) error
 	start(id string) error
@@ -32,19 +27,21 @@ type chaosTarget interface {
 	// reconnect undoes it.
 	isolate(id string) error
 	reconnect(id string) error
+	// slow makes a node answer d late (0: on time again).
+	slow(id string, d time.Duration) error
 }
 
 // errNoPartition: the target cannot cut the network.
-var errNoPartition = errors.New("this local cluster cannot be partitioned: its nodes were not started with --fault-injection (raftps cluster up --server-args --fault-injection), or use --target docker:PROJECT")
+var errNoPartition = errors.New("this local cluster cannot be partitioned or slowed: its nodes were not started with --fault-injection (raftps cluster up --server-args --fault-injection), or use --target docker:PROJECT")
 
-// parseTarget reads local:DIR or docker:PROJECT.
-func parseTarget(s string) (chaosTarget, error) {
+// ParseTarget reads local:DIR or docker:PROJECT.
+func ParseTarget(s string) (Target, error) {
 	kind, arg, ok := strings.Cut(s, ":")
 	switch {
 	case !ok || arg == "":
 		return nil, fmt.Errorf("--target %q: want local:DIR (a raftps cluster up directory) or docker:PROJECT (a compose project)", s)
 	case kind == "local":
-		c, err := loadCluster(arg)
+		c, err := localcluster.Load(arg)
 		if err != nil {
 			return nil, fmt.Errorf("--target %q: %w", s, err)
 		}
@@ -56,147 +53,34 @@ func parseTarget(s string) (chaosTarget, error) {
 }
 
 // localTarget is a cluster of processes started by raftps cluster up.
-// Partitions go through each node's /debug/netfault (the nodes must run
-// with --fault-injection): a cut-off node blocks every other node's gRPC
-// and gossip addresses, and every other node blocks its; clients still
-// reach it.
+// Partitions and slow nodes go through each node's /debug/netfault (the
+// nodes must run with --fault-injection; localcluster.Cluster.Isolate).
 type localTarget struct {
-	c *localCluster
-
-	mu       sync.Mutex
-	isolated map[string]bool // node IDs cut off
+	c *localcluster.Cluster
 }
 
 func (t *localTarget) name() string { return "local:" + t.c.Dir }
 
-func (t *localTarget) addrs() ([]string, error) {
-	var out []string
-	for _, nd := range t.c.Nodes {
-		out = append(out, nd.Addr)
-	}
-	return out, nil
-}
+func (t *localTarget) addrs() ([]string, error) { return t.c.Addrs(), nil }
 
-func (t *localTarget) kill(id string) error { return t.c.stop(id, syscall.SIGKILL, 0) }
+func (t *localTarget) kill(id string) error { return t.c.Stop(id, syscall.SIGKILL, 0) }
 
 func (t *localTarget) start(id string) error {
-	nd, err := t.c.node(id)
+	nd, err := t.c.Node(id)
 	if err != nil {
 		return err
 	}
-	return t.c.start(nd)
+	return t.c.Start(nd)
 }
 
-func (t *localTarget) signal(id string, sig syscall.Signal) error {
-	pid, alive := t.c.pid(id)
-	if !alive {
-		return fmt.Errorf("%s is not running", id)
-	}
-	if err := syscall.Kill(pid, sig); err != nil {
-		return fmt.Errorf("signalling %s (pid %d): %w", id, pid, err)
-	}
-	return nil
-}
+func (t *localTarget) pause(id string) error  { return t.c.Signal(id, syscall.SIGSTOP) }
+func (t *localTarget) resume(id string) error { return t.c.Signal(id, syscall.SIGCONT) }
 
-func (t *localTarget) pause(id string) error  { return t.signal(id, syscall.SIGSTOP) }
-func (t *localTarget) resume(id string) error { return t.signal(id, syscall.SIGCONT) }
+func (t *localTarget) canPartition() bool { return t.c.CanInjectFaults() }
 
-// canPartition: every node runs with --fault-injection.
-func (t *localTarget) canPartition() bool {
-	for _, nd := range t.c.Nodes {
-		if !slices.ContainsFunc(nd.Args, func(a string) bool { return a == "--fault-injection" || a == "--fault-injection=true" }) {
-			return false
-		}
-	}
-	return len(t.c.Nodes) > 0
-}
-
-func (t *localTarget) isolate(id string) error {
-	if _, err := t.c.node(id); err != nil {
-		return err
-	}
-	if !t.canPartition() {
-		return errNoPartition
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.isolated == nil {
-		t.isolated = map[string]bool{}
-	}
-	t.isolated[id] = true
-	return t.applyLocked()
-}
-
-func (t *localTarget) reconnect(id string) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.isolated[id] {
-		return nil
-	}
-	delete(t.isolated, id)
-	return t.applyLocked()
-}
-
-// applyLocked tells every node which peers to block: an isolated node all
-// others, every other node the isolated ones. A node that does not answer
-// (killed, paused) is skipped: it starts with nothing blocked, and the next
-// change reaches it.
-func (t *localTarget) applyLocked() error {
-	peerAddrs := func(nd localNode) []string {
-		gossip := gossipAddrOf(nd)
-		return []string{nd.Addr, gossip}
-	}
-	var errs []error
-	reached := 0
-	for _, nd := range t.c.Nodes {
-		var block []string
-		for _, o := range t.c.Nodes {
-			if o.ID != nd.ID && (t.isolated[nd.ID] || t.isolated[o.ID]) {
-				block = append(block, peerAddrs(o)...)
-			}
-		}
-		if err := postNetFault(nd.HTTP, block); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", nd.ID, err))
-			continue
-		}
-		reached++
-	}
-	if reached == 0 {
-		return errors.Join(errs...)
-	}
-	return nil
-}
-
-// gossipAddrOf is a local node's gossip address: its --gossip-addr, or the
-// default next to its gRPC address.
-func gossipAddrOf(nd localNode) string {
-	for i, a := range nd.Args {
-		if a == "--gossip-addr" && i+1 < len(nd.Args) {
-			return nd.Args[i+1]
-		}
-		if v, ok := strings.CutPrefix(a, "--gossip-addr="); ok {
-			return v
-		}
-	}
-	g, _ := shard.DefaultGossipAddr(nd.Addr)
-	return g
-}
-
-// postNetFault sets the blocked peer addresses of the node whose HTTP
-// address is httpAddr.
-func postNetFault(httpAddr string, block []string) error {
-	hc := http.Client{Timeout: time.Second}
-	resp, err := hc.PostForm("http://"+httpAddr+"/debug/netfault", url.Values{"block": {strings.Join(block, ",")}})
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("/debug/netfault: %s: %s", resp.Status, bytes.TrimSpace(b))
-	}
-	return nil
-}
+func (t *localTarget) isolate(id string) error               { return t.c.Isolate(id) }
+func (t *localTarget) reconnect(id string) error             { return t.c.Reconnect(id) }
+func (t *localTarget) slow(id string, d time.Duration) error { return t.c.Slow(id, d) }
 
 // dockerTarget is a compose project: the services are the node IDs (see
 // deploy/docker-compose.yml), each container on one project network.
@@ -207,7 +91,7 @@ type dockerTarget struct {
 	network    string
 }
 
-// grpcPort is the gRPC port of the nodes in deploy/docker-compose.yml.
+// dockerGRPCPort is the client port of the nodes in deploy/docker-compose.yml.
 const dockerGRPCPort = "7001"
 
 func newDockerTarget(project string) (*dockerTarget, error) {
@@ -303,6 +187,33 @@ func (t *dockerTarget) isolate(id string) error {
 	}
 	_, err = dockerCmd("network", "disconnect", "--force", t.network, c)
 	return err
+}
+
+// slow delays every packet the node's container sends by d, with tc netem
+// in the container's network namespace (nsenter; tc from iproute2 on the
+// host): clients and peers alike hear from it late.
+func (t *dockerTarget) slow(id string, d time.Duration) error {
+	c, err := t.container(id)
+	if err != nil {
+		return err
+	}
+	pid, err := dockerCmd("inspect", "-f", "{{.State.Pid}}", c)
+	if err != nil {
+		return err
+	}
+	ns := []string{"-t", strings.TrimSpace(pid), "-n", "tc", "qdisc"}
+	if d <= 0 {
+		out, err := exec.Command("nsenter", append(ns, "del", "dev", "eth0", "root")...).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "No such file") && !strings.Contains(string(out), "Cannot delete qdisc with handle of zero") {
+			return fmt.Errorf("tc qdisc del in %s: %w: %s", c, err, bytes.TrimSpace(out))
+		}
+		return nil
+	}
+	ms := fmt.Sprintf("%dms", d.Milliseconds())
+	if out, err := exec.Command("nsenter", append(ns, "replace", "dev", "eth0", "root", "netem", "delay", ms)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("tc netem delay %s in %s (needs nsenter and tc from iproute2, as root): %w: %s", ms, c, err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 func (t *dockerTarget) reconnect(id string) error {

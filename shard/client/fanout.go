@@ -1,0 +1,334 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/shardpb"
+)
+
+// split groups the distinct keys of a batch by shard.
+type split struct {
+	keys [][]uint64 // per shard, distinct
+	pos  [][]int    // per shard: for each distinct key, its first batch position
+	of   []int      // per batch position: index of its key within its shard's keys
+	sh   []uint32   // per batch position: its shard
+}
+
+func splitKeys(keys []uint64, shards uint32) *split {
+	sp := &split{keys: make([][]uint64, shards), pos: make([][]int, shards), of: make([]int, len(keys)), sh: make([]uint32, len(keys))}
+	seen := make(map[uint64]int, len(keys))
+	for i, k := range keys {
+		s := api.ShardOf(k, shards)
+		sp.sh[i] = s
+		if j, ok := seen[k]; ok {
+			sp.of[i] = j
+			continue
+		}
+		j := len(sp.keys[s])
+		seen[k] = j
+		sp.of[i] = j
+		sp.keys[s] = append(sp.keys[s], k)
+		sp.pos[s] = append(sp.pos[s], i)
+	}
+	return sp
+}
+
+// part is what one request carries: keys of one shard, for one node.
+type part struct {
+	shard uint32
+	// pos are the places of its keys among the shard's distinct keys of the
+	// split; nil when it carries all of them (the usual case).
+	pos []int
+	// addr is the node to ask first; "" sends the part straight to the
+	// per-shard path, which asks the shard's replicas in turn. alts are
+	// the other nodes that may serve it (a spread read's other candidates,
+	// best first): where a hedge goes when addr is late.
+	addr string
+	alts []string
+
+	// The part's resolution during its fan-out, guarded by mu: done once
+	// an attempt's answer was placed (the first wins); inflight counts the
+	// batch calls that carry it and have not answered; escalated once it
+	// went to the per-shard path; calls are the batch calls carrying it.
+	index     int
+	mu        sync.Mutex
+	done      bool
+	inflight  int
+	escalated bool
+	calls     []*batchCall
+}
+
+// claim reports whether the caller's answer is the part's first: only that
+// one is placed.
+func (p *part) claim() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return false
+	}
+	p.done = true
+	return true
+}
+
+// partResult is what a batch call said of one part: done (err nil), failed
+// for good, or worth retrying on the per-shard path, starting at hint.
+type partResult struct {
+	err   error
+	retry bool
+	hint  string
+}
+
+// partOp is one kind of fan-out, a pull or a push: how its parts travel.
+type partOp interface {
+	// batch sends parts to the node at addr in one call and says what
+	// became of each; an error fails the call as a whole. A part it
+	// answers is placed only if p.claim() says so.
+	batch(ctx context.Context, addr string, st shardpb.ParameterServerClient, parts []*part) ([]partResult, error)
+	// single sends one part to the node at addr, for the per-shard path.
+	single(ctx context.Context, addr string, st shardpb.ParameterServerClient, p *part) error
+	// failed learns the parts of a batch call that failed as a whole.
+	failed(parts []*part)
+}
+
+// batchCall is one batch call of a fan-out: cancelled once every part it
+// carries is done elsewhere (a hedge won), so a late node is not waited for.
+type batchCall struct {
+	addr      string
+	cancel    context.CancelFunc
+	remaining atomic.Int32
+}
+
+// fan is one fan-out in progress.
+type fan struct {
+	c     *Client
+	ctx   context.Context
+	table string
+	op    partOp
+	parts []*part
+	errs  []error // by part index; each written by the one goroutine that resolves the part
+	wg    sync.WaitGroup
+}
+
+// fanOut sends the parts of one pull or push: one batch call to each node
+// some part names, so a batch costs a round trip per node rather than per
+// shard, each bounded as an attempt is (AttemptTimeout, and the node's
+// peers asked once it is late). A call of parts that other nodes may serve
+// too (bounded and eventual reads, hot keys, chain reads) that is slower
+// than the hedge threshold is hedged: its parts are sent to their next
+// candidates as well, the first good answer of each wins, and the late
+// call is cancelled once it carries nothing left (hedge.go). A part no call
+// completed (the node no longer leads the shard, refused the read, did not
+// answer) goes to the per-shard path, which retries it through leader
+// changes and map moves. Every pull, at every level, and every push goes
+// through here, so each gets the same handling of dead and slow nodes.
+func (c *Client) fanOut(ctx context.Context, table string, parts []*part, op partOp) error {
+	f := &fan{c: c, ctx: ctx, table: table, op: op, parts: parts, errs: make([]error, len(parts))}
+	byNode := map[string][]*part{}
+	for i, p := range parts {
+		p.index = i
+		if p.addr == "" {
+			f.escalate(p, "")
+			continue
+		}
+		byNode[p.addr] = append(byNode[p.addr], p)
+	}
+	for addr, ps := range byNode {
+		f.send(addr, ps, true)
+	}
+	f.wg.Wait()
+	return errors.Join(f.errs...)
+}
+
+// send makes one batch call of ps to addr; a primary call may be hedged.
+func (f *fan) send(addr string, ps []*part, primary bool) {
+	bctx, cancel := context.WithCancel(f.ctx)
+	b := &batchCall{addr: addr, cancel: cancel}
+	b.remaining.Store(int32(len(ps)))
+	for _, p := range ps {
+		p.mu.Lock()
+		p.inflight++
+		p.calls = append(p.calls, b)
+		p.mu.Unlock()
+	}
+	hedgeable := primary && f.c.hedging() && slices.ContainsFunc(ps, func(p *part) bool { return len(p.alts) > 0 })
+	if hedgeable {
+		f.c.hedgeCredit()
+	}
+	f.wg.Go(func() {
+		defer cancel()
+		type answer struct {
+			res []partResult
+			err error
+		}
+		ch := make(chan answer, 1)
+		start := time.Now()
+		go func() {
+			res, err := f.c.batchAttempt(bctx, addr, ps, f.op)
+			ch <- answer{res, err}
+		}()
+		var a answer
+		if hedgeable {
+			t := time.NewTimer(f.c.hedgeAfter())
+			select {
+			case a = <-ch:
+				t.Stop()
+			case <-t.C:
+				f.hedge(addr, ps)
+				a = <-ch
+			}
+			if a.err == nil {
+				f.c.noteLatency(time.Since(start))
+			}
+		} else {
+			a = <-ch
+		}
+		if a.err != nil {
+			f.op.failed(ps)
+		}
+		for i, p := range ps {
+			switch {
+			case a.err != nil:
+				// Another node may know better; start from the list.
+				f.ended(p, b, nil, true, "")
+			default:
+				f.ended(p, b, a.res[i].err, a.res[i].retry, a.res[i].hint)
+			}
+		}
+	})
+}
+
+// hedge sends the parts of the late call to addr that are not answered yet
+// to their next candidates, a call per node, as far as the hedge budget
+// allows.
+func (f *fan) hedge(addr string, ps []*part) {
+	byNode := map[string][]*part{}
+	var order []string
+	for _, p := range ps {
+		p.mu.Lock()
+		open := !p.done && !p.escalated
+		p.mu.Unlock()
+		if !open {
+			continue
+		}
+		for _, alt := range p.alts {
+			if alt != addr && !f.c.isSilent(alt) {
+				if byNode[alt] == nil {
+					order = append(order, alt)
+				}
+				byNode[alt] = append(byNode[alt], p)
+				break
+			}
+		}
+	}
+	for _, alt := range order {
+		if !f.c.takeHedge() {
+			return
+		}
+		f.send(alt, byNode[alt], false)
+	}
+}
+
+// ended records how call b ended for part p: answered (err nil: its answer
+// was placed, or another's had been), failed for good (err, no retry), or
+// worth retrying on the per-shard path from hint. A part whose calls all
+// ended without an answer goes to that path; a failure for good stands
+// unless another call still answers.
+func (f *fan) ended(p *part, b *batchCall, err error, retry bool, hint string) {
+	p.mu.Lock()
+	p.inflight--
+	if err == nil && !retry {
+		// The part is done (this call placed it, or an earlier one did).
+		calls := p.calls
+		p.calls = nil
+		won := p.addr != b.addr
+		p.mu.Unlock()
+		f.errs[p.index] = nil
+		if won {
+			// A hedge beat the node first asked: ask it later for a while.
+			f.c.markSlow(p.addr)
+		}
+		for _, o := range calls {
+			if o.remaining.Add(-1) == 0 {
+				o.cancel()
+			}
+		}
+		return
+	}
+	if p.done || p.inflight > 0 || p.escalated {
+		p.mu.Unlock()
+		return
+	}
+	if !retry {
+		p.mu.Unlock()
+		f.errs[p.index] = err
+		return
+	}
+	p.mu.Unlock()
+	f.escalate(p, hint)
+}
+
+// escalate sends a part no batch call completed to the per-shard path,
+// once.
+func (f *fan) escalate(p *part, hint string) {
+	p.mu.Lock()
+	if p.escalated || p.done {
+		p.mu.Unlock()
+		return
+	}
+	p.escalated = true
+	p.mu.Unlock()
+	f.wg.Go(func() {
+		f.errs[p.index] = f.c.shardRetry(f.ctx, f.table, p.shard, hint, func(ctx context.Context, addr string) error {
+			st, err := f.c.stub(addr)
+			if err != nil {
+				return err
+			}
+			return f.op.single(ctx, addr, st, p)
+		})
+	})
+}
+
+// batchAttempt is one batch call to one node, bounded as an attempt is.
+func (c *Client) batchAttempt(ctx context.Context, addr string, parts []*part, op partOp) ([]partResult, error) {
+	st, err := c.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := c.attemptContext(ctx, addr)
+	defer cancel()
+	res, err := op.batch(actx, addr, st, parts)
+	return res, c.callFailed(ctx, actx, addr, err)
+}
+
+// checkAnswers checks that a batch answer has a response and an error entry
+// for each of its n parts.
+func checkAnswers(addr string, n, responses, errs int) error {
+	if responses != n || errs != n {
+		return fmt.Errorf("raftps client: %s answered %d parts and %d errors for %d parts", addr, responses, errs, n)
+	}
+	return nil
+}
+
+// retryPart reads a batch answer's error for one part. Every failure is
+// retried on the per-shard path, which gives up at once on one that is not
+// retryable: an error costs one more call, and the rules stay in retry.
+// The retry starts at the leader a refusal names, else at again (the node
+// that answered, "" for none).
+func retryPart(pe *shardpb.PartError, again string) partResult {
+	if pe.GetCode() == 0 {
+		return partResult{}
+	}
+	err := api.FromStatusProto(api.PartStatus(pe))
+	hint := pe.GetInfo().GetLeaderAddr()
+	if hint == "" {
+		hint = again
+	}
+	return partResult{err: err, retry: true, hint: hint}
+}

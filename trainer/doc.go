@@ -50,6 +50,13 @@
 //     slots; the header naming the live one is written last) and the dense
 //     table's initialised marker. A sync job restarted under its name resumes
 //     after the checkpoint; async and SSP trainers after their own clock.
+//   - Jobs (job.go): RunJob is one trainer process's part in a job against
+//     a cluster (raftps train): it creates the job's tables, forms the
+//     trainer group (a static list, or the cluster's job registry, which it
+//     re-forms from if a peer dies) and runs Train; RunLocal runs a whole
+//     sync job's trainers in one process (the demo); Summarize is a result
+//     as raftps train --json prints it. This is the package's only use of
+//     the cluster, through shard/client.
 //
 // Synthetic, the models and the metrics are safe for concurrent use and never
 // modify a Batch or a Sample; a reader is for one goroutine. Train runs on

@@ -2,10 +2,11 @@ package shard
 
 import (
 	"fmt"
-
 	"net"
+	"slices"
 	"strconv"
 
+	"github.com/raftps/raftps/shard/membership"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -54,11 +55,46 @@ func GossipAddrOfPeer(peer string) (string, error) {
 	return offsetAddr(peer, GossipPortOffset-PeerPortOffset, "gossip")
 }
 
+// gossipConfig is the Gossip config with the node's defaults filled in (see
+// NodeConfig.Gossip): the gossip address from the client address, and whom
+// to join from the join addresses or else the other static peers, all in
+// the default address layout.
+func (c NodeConfig) gossipConfig() (membership.Config, error) {
+	gossip := c.Gossip
+	gossip.Join = slices.Clone(gossip.Join)
+	if gossip.Addr == "" {
+		var err error
+		if gossip.Addr, err = DefaultGossipAddr(c.Addr); err != nil {
+			return gossip, fmt.Errorf("gossip address: %w", err)
+		}
+	}
+	if len(gossip.Join) == 0 {
+		for _, a := range c.Join {
+			if ga, err := GossipAddrOfPeer(a); err == nil {
+				gossip.Join = append(gossip.Join, ga)
+			}
+		}
+	}
+	if len(gossip.Join) == 0 {
+		for _, p := range c.Peers {
+			if p.ID == c.ID {
+				continue
+			}
+			a, err := GossipAddrOfPeer(p.PeerAddr)
+			if err != nil {
+				return gossip, fmt.Errorf("gossip address of peer %s: %w", p.ID, err)
+			}
+			gossip.Join = append(gossip.Join, a)
+		}
+	}
+	return gossip, nil
+}
+
 // clientAddrOf is the client address of node id by this node's cluster
 // map, or else of the node at peer address peer; "" if neither is known.
 // Raft knows nodes by their peer address; clients must be told the other.
 func (n *Node) clientAddrOf(id, peer string) string {
-	if nd := n.metaFSM.node(id); nd != nil {
+	if nd := n.metaFSM.Node(id); nd != nil {
 		return nd.Addr
 	}
 	_, addr := n.nodeAt(peer)
@@ -74,7 +110,7 @@ func (n *Node) nodeAt(peer string) (id, addr string) {
 	if peer == n.cfg.PeerAddr {
 		return n.cfg.ID, n.cfg.Addr
 	}
-	if nd := n.metaFSM.findNode(func(nd *shardpb.ClusterNode) bool { return nd.PeerAddr == peer }); nd != nil {
+	if nd := n.metaFSM.FindNode(func(nd *shardpb.ClusterNode) bool { return nd.PeerAddr == peer }); nd != nil {
 		return nd.Id, nd.Addr
 	}
 	return "", ""
@@ -86,7 +122,7 @@ func (n *Node) peerAddrAt(addr string) string {
 	if addr == n.cfg.Addr {
 		return n.cfg.PeerAddr
 	}
-	if nd := n.metaFSM.findNode(func(nd *shardpb.ClusterNode) bool { return nd.Addr == addr }); nd != nil {
+	if nd := n.metaFSM.FindNode(func(nd *shardpb.ClusterNode) bool { return nd.Addr == addr }); nd != nil {
 		return nd.PeerAddr
 	}
 	return ""

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
+	"github.com/raftps/raftps/shard/placement"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hashicorp/raft"
@@ -52,7 +55,7 @@ func (s *peerService) JoinCluster(ctx context.Context, req *shardpb.JoinClusterR
 // receives the map. This node must be the metadata leader.
 func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
 	nd := req.Node
-	if _, err := n.applyMeta(metaRegisterNode, nd, fmt.Sprintf("registering node %s", nd.Id)); err != nil {
+	if _, err := n.applyMeta(meta.CmdRegisterNode, nd, fmt.Sprintf("registering node %s", nd.Id)); err != nil {
 		return nil, err
 	}
 	r := n.meta.Raft
@@ -72,7 +75,7 @@ func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinCluste
 		}
 		n.log.Info("node joined the cluster", "node", nd.Id, "addr", nd.Addr, "peer-addr", nd.PeerAddr)
 	}
-	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.version()}, nil
+	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.Version()}, nil
 }
 
 func (s *service) SetNodeAdmin(ctx context.Context, req *shardpb.SetNodeAdminRequest) (*shardpb.SetNodeAdminResponse, error) {
@@ -90,8 +93,8 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	if err := n.metaAuthoritative(); err != nil {
 		return fmt.Errorf("node %s: %w: %v", req.Id, api.ErrUnavailable, err)
 	}
-	cm := n.metaFSM.clusterMap()
-	target := n.metaFSM.node(req.Id)
+	cm := n.metaFSM.ClusterMap()
+	target := n.metaFSM.Node(req.Id)
 	if target == nil {
 		return fmt.Errorf("node %q: %w", req.Id, api.ErrUnknownNode)
 	}
@@ -100,7 +103,7 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 	}
 	members := n.memberMap()
 	if req.Admin == shardpb.NodeAdmin_NODE_REMOVED {
-		if st := members[req.Id].State; st == StateAlive || st == StateSuspect {
+		if st := members[req.Id].State; st == membership.Alive || st == membership.Suspect {
 			return fmt.Errorf("%w: node %s is %s: drain it (raftps node drain %s), stop it, then remove it", api.ErrNodeConflict, req.Id, st, req.Id)
 		}
 	}
@@ -117,9 +120,9 @@ func (n *Node) setNodeAdmin(req *shardpb.SetNodeAdminRequest) error {
 			}
 		}
 	}
-	_, err := n.applyMeta(metaSetNodeAdmin, req, fmt.Sprintf("making node %s %s", req.Id, adminName(req.Admin)))
+	_, err := n.applyMeta(meta.CmdSetNodeAdmin, req, fmt.Sprintf("making node %s %s", req.Id, meta.AdminName(req.Admin)))
 	if err == nil {
-		n.log.Info("node admin state changed", "node", req.Id, "admin", adminName(req.Admin))
+		n.log.Info("node admin state changed", "node", req.Id, "admin", meta.AdminName(req.Admin))
 	}
 	return err
 }
@@ -135,32 +138,32 @@ func (n *Node) authoritativeMap() (*shardpb.ClusterMap, error) {
 	if err := n.metaAuthoritative(); err != nil {
 		return nil, fmt.Errorf("cluster map: %w: node %s %v", api.ErrUnavailable, n.cfg.ID, err)
 	}
-	return n.metaFSM.clusterMap(), nil
+	return n.metaFSM.ClusterMap(), nil
 }
 
 // initialPlacement places a new table's shards on the live active nodes,
 // balanced with the tables already placed.
 func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTable, error) {
-	cm := n.metaFSM.clusterMap()
+	cm := n.metaFSM.ClusterMap()
 	members := n.memberMap()
 	var nodes []string
 	for _, nd := range cm.Nodes {
 		// Not dead: a node registered a moment ago may not be in this
 		// node's gossip view yet.
-		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && members[nd.Id].State != StateDead {
+		if nd.Admin == shardpb.NodeAdmin_NODE_ACTIVE && members[nd.Id].State != membership.Dead {
 			nodes = append(nodes, nd.Id)
 		}
 	}
 	if int(spec.Replicas) > len(nodes) {
 		return nil, fmt.Errorf("%w: table %q: replicas = %d, but the cluster has %d live active nodes %v", store.ErrInvalidConfig, spec.Name, spec.Replicas, len(nodes), nodes)
 	}
-	current := Placement{}
-	tables := []PlacementTable{{Name: spec.Name, Shards: int(spec.Shards), Replicas: int(spec.Replicas)}}
+	current := placement.Placement{}
+	tables := []placement.Table{{Name: spec.Name, Shards: int(spec.Shards), Replicas: int(spec.Replicas)}}
 	for _, t := range cm.Tables {
 		if t.Name == spec.Name {
 			return nil, fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
 		}
-		tables = append(tables, PlacementTable{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
+		tables = append(tables, placement.Table{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
 		current[t.Name] = make([][]string, t.Shards)
 	}
 	for _, sm := range cm.Shards {
@@ -168,7 +171,7 @@ func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTab
 			c[sm.Shard] = slices.Clone(sm.Replicas)
 		}
 	}
-	res, err := Place(nodes, tables, current)
+	res, err := placement.Place(nodes, tables, current)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +198,7 @@ func (n *Node) waitPeersRegistered(ctx context.Context) {
 func (n *Node) waitRegistered(ctx context.Context, ids []string) error {
 	return pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
 		for _, id := range ids {
-			if n.metaFSM.node(id) == nil {
+			if n.metaFSM.Node(id) == nil {
 				return false, nil
 			}
 		}

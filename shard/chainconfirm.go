@@ -140,7 +140,7 @@ func (c *coalescer[Q, A]) loop(r *coalescedRun[Q, A]) {
 //     check (a heartbeat round that a quorum answers, after the index was
 //     read: no other leader can have committed anything since), the same
 //     term as before (else it starts over), and a wait until the FSM has
-//     taken in that index (metaFSM.processed).
+//     taken in that index (meta.FSM.Processed).
 //
 // The leadership checks of concurrent calls are shared (each call joins a
 // check that starts after it read its index), and so are barriers. A wait
@@ -168,7 +168,7 @@ func (n *Node) metaReadIndex(ctx context.Context) error {
 		return n.metaReadIndex(ctx)
 	}
 	deadline := time.Now().Add(metaApplyWait)
-	for wait := 20 * time.Microsecond; n.metaFSM.processed.Load() < readIx; wait = min(2*wait, time.Millisecond) {
+	for wait := 20 * time.Microsecond; n.metaFSM.Processed() < readIx; wait = min(2*wait, time.Millisecond) {
 		if time.Now().After(deadline) {
 			_, _, err := n.metaBarriers.do(ctx, struct{}{}, n.spawn)
 			return err
@@ -198,7 +198,7 @@ func (n *Node) runMetaBarrier([]struct{}) (map[struct{}]struct{}, error) {
 		return nil, fmt.Errorf("cannot confirm its metadata is current: %w", err)
 	}
 	if ixf, ok := f.(raft.IndexFuture); ok {
-		n.metaFSM.noteProcessed(ixf.Index()) // the FSM has taken in everything before it
+		n.metaFSM.NoteProcessed(ixf.Index()) // the FSM has taken in everything before it
 	}
 	return nil, nil
 }
@@ -235,7 +235,7 @@ func (n *Node) localChainEpochs(ctx context.Context, groups []string) ([]uint64,
 	}
 	epochs := make([]uint64, len(groups))
 	for i, g := range groups {
-		if sm := n.metaFSM.shardMapByID(g); sm != nil {
+		if sm := n.metaFSM.ShardMapByID(g); sm != nil {
 			epochs[i] = sm.Epoch
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/meta"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -91,10 +92,10 @@ func (n *Node) gcLeftChains() {
 	}
 	for _, id := range ids {
 		e := epochs[id]
-		sm := n.metaFSM.shardMapByID(id)
+		sm := n.metaFSM.ShardMapByID(id)
 		var spec *shardpb.TableSpec
 		if sm != nil {
-			spec = n.metaFSM.table(sm.Table)
+			spec = n.metaFSM.Table(sm.Table)
 		}
 		switch {
 		case e == 0:
@@ -163,7 +164,7 @@ func chainOrder(sm *shardpb.ShardMap, addrOf map[string]string) ([]string, bool)
 // after its removal opens its replica under its restored map and closes it
 // again once the map catches up, so this is the common case.
 func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, addrOf map[string]string) {
-	id := shardMapKey(sm)
+	id := meta.ShardMapKey(sm)
 	member := isReplica(sm, n.cfg.ID)
 	ch := n.Chain(sm.Table, sm.Shard)
 	switch {
@@ -260,7 +261,7 @@ func (n *Node) chainFor(spec *shardpb.TableSpec, shard uint32, epoch uint64) (*c
 	// an order that is gone: it must not serve until SetConfig catches up.
 	// The client asks another member meanwhile.
 	newest := epoch
-	if sm := n.metaFSM.shardMap(spec.Name, shard); sm != nil {
+	if sm := n.metaFSM.ShardMap(spec.Name, shard); sm != nil {
 		newest = max(newest, sm.Epoch)
 	}
 	if have := ch.Epoch(); newest > have {
@@ -399,11 +400,11 @@ func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.Cluste
 // status: then a push reaches a head that can forward it.
 func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) error {
 	err := pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
-		cm := n.metaFSM.clusterMap()
+		cm := n.metaFSM.ClusterMap()
 		addrOf := peerAddrs(cm)
 		want := map[string]map[string]uint64{} // node address -> group -> epoch
 		for s := range spec.Shards {
-			sm := n.metaFSM.shardMap(spec.Name, s)
+			sm := n.metaFSM.ShardMap(spec.Name, s)
 			if sm == nil {
 				return false, nil
 			}
@@ -412,7 +413,7 @@ func (n *Node) waitChainReady(ctx context.Context, spec *shardpb.TableSpec) erro
 				if want[a] == nil {
 					want[a] = map[string]uint64{}
 				}
-				want[a][shardMapKey(sm)] = sm.Epoch
+				want[a][meta.ShardMapKey(sm)] = sm.Epoch
 			}
 		}
 		for _, a := range slices.Sorted(maps.Keys(want)) {
@@ -512,7 +513,7 @@ func (n *Node) takeBrokenReport(req *shardpb.ReportBrokenRequest) error {
 	if n.meta.Raft.State() != raft.Leader {
 		return n.notMetaLeader()
 	}
-	if sm := n.metaFSM.shardMapByID(req.Group); sm == nil || !slices.Contains(sm.Replicas, req.NodeId) {
+	if sm := n.metaFSM.ShardMapByID(req.Group); sm == nil || !slices.Contains(sm.Replicas, req.NodeId) {
 		return nil // removed already, or never there: nothing to do
 	}
 	if !n.broken.has(req.Group, req.NodeId, time.Now()) {
@@ -534,7 +535,7 @@ func (n *Node) reportBrokenChains() {
 	}
 	n.mu.RUnlock()
 	for _, r := range reports {
-		if sm := n.metaFSM.shardMapByID(r.Group); sm == nil || !slices.Contains(sm.Replicas, n.cfg.ID) {
+		if sm := n.metaFSM.ShardMapByID(r.Group); sm == nil || !slices.Contains(sm.Replicas, n.cfg.ID) {
 			continue // reconcile closes and deletes it
 		}
 		if err := n.sendBrokenReport(r); err != nil {

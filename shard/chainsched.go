@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
 
 	"github.com/raftps/raftps/shard/shardpb"
 )
@@ -16,7 +18,7 @@ import (
 // replica list, head first, and whose epoch is the entry's epoch: every node
 // hands its replica SetConfig(epoch, addresses of the replicas) when it sees
 // the entry change (reconcile.go), and every change of the entry bumps the
-// epoch (metaSetShard's compare-and-set). The chain nodes never change their
+// epoch (meta.CmdSetShard's compare-and-set). The chain nodes never change their
 // order themselves; gossip only tells the metadata leader who is dead.
 //
 // The chain core needs every member's log to be a prefix of its
@@ -39,8 +41,8 @@ import (
 // silence (scheduler.silentNodes) or gossip declares it dead, not after the
 // repair grace;
 // the grace only decides, as for Raft tables, whether it may come back
-// (Place keeps it in the target) or is replaced by another node. The last
-// live member is never removed. A node restarted within the grace is
+// (placement.Place keeps it in the target) or is replaced by another node.
+// The last live member is never removed. A node restarted within the grace is
 // appended at the tail again, and catches up from its predecessor. A change
 // that gives the chain a new head is made only once that member says it is
 // caught up (Node.chainCaughtUp).
@@ -81,7 +83,7 @@ func (v *view) chainDead(id string) bool {
 		return true
 	}
 	m, ok := v.member[id]
-	return ok && m.State == StateDead
+	return ok && m.State == membership.Dead
 }
 
 // chainRound moves one chain shard a step towards target. adds is the
@@ -94,7 +96,7 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 		sc.mu.Unlock()
 		return v.alive(id) && !cooling && *adds < sc.n.cfg.MaxMoves
 	}
-	group := shardMapKey(sm)
+	group := meta.ShardMapKey(sm)
 	dead := func(id string) bool {
 		if sc.n.broken.has(group, id, v.now) {
 			sc.mu.Lock()
@@ -132,7 +134,7 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 // every member ahead of it is dead: the chain then waits for one of them to
 // come back rather than lose what they hold.
 func (n *Node) chainCaughtUp(ctx context.Context, sm *shardpb.ShardMap, id string) error {
-	nd := n.metaFSM.node(id)
+	nd := n.metaFSM.Node(id)
 	if nd == nil {
 		return fmt.Errorf("node %q: %w", id, api.ErrUnknownNode)
 	}
@@ -140,12 +142,12 @@ func (n *Node) chainCaughtUp(ctx context.Context, sm *shardpb.ShardMap, id strin
 	defer cancel()
 	st, err := n.statusOf(ctx, nd.PeerAddr)
 	if err != nil {
-		return fmt.Errorf("chain %s: asking %s whether it can become head: %w", shardMapKey(sm), id, err)
+		return fmt.Errorf("chain %s: asking %s whether it can become head: %w", meta.ShardMapKey(sm), id, err)
 	}
 	for _, rs := range st.Replicas {
-		if rs.Group == shardMapKey(sm) && rs.Replication == api.ReplicationChain && rs.ChainEpoch == sm.Epoch && rs.ChainCaughtUp {
+		if rs.Group == meta.ShardMapKey(sm) && rs.Replication == api.ReplicationChain && rs.ChainEpoch == sm.Epoch && rs.ChainCaughtUp {
 			return nil
 		}
 	}
-	return fmt.Errorf("chain %s: %w: %s is not caught up in epoch %d, so it cannot become head yet", shardMapKey(sm), api.ErrUnavailable, id, sm.Epoch)
+	return fmt.Errorf("chain %s: %w: %s is not caught up in epoch %d, so it cannot become head yet", meta.ShardMapKey(sm), api.ErrUnavailable, id, sm.Epoch)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/meta"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -207,7 +208,7 @@ func (n *Node) alterTable(req *shardpb.AlterTableRequest) (*shardpb.AlterTableRe
 	if err := n.metaAuthoritative(); err != nil {
 		return nil, fmt.Errorf("altering table %q: %w: %v", req.Name, api.ErrUnavailable, err)
 	}
-	spec := n.metaFSM.table(req.Name)
+	spec := n.metaFSM.Table(req.Name)
 	if spec == nil {
 		return nil, fmt.Errorf("table %q: %w", req.Name, api.ErrUnknownTable)
 	}
@@ -215,7 +216,7 @@ func (n *Node) alterTable(req *shardpb.AlterTableRequest) (*shardpb.AlterTableRe
 	if err != nil {
 		return nil, err
 	}
-	out, err := n.applyMeta(metaAlterTable, next, fmt.Sprintf("altering table %q", req.Name))
+	out, err := n.applyMeta(meta.CmdAlterTable, next, fmt.Sprintf("altering table %q", req.Name))
 	if err != nil {
 		return nil, err
 	}

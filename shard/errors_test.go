@@ -9,6 +9,7 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/meta"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc/codes"
 )
@@ -19,7 +20,7 @@ import (
 // reason in the details decides, not the message: the message here names
 // another error's text on purpose.
 func TestErrorRoundTrip(t *testing.T) {
-	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "a1", PeerAddr: "p1"}, metaFSM: newMetaFSM(func() {})}
+	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "a1", PeerAddr: "p1"}, metaFSM: meta.New(func() {})}
 	check := func(local, want error) {
 		t.Helper()
 		sent := fmt.Errorf("table %q: %w: detail mentioning %v", "t", local, api.ErrUnknownTable)
@@ -56,8 +57,14 @@ func TestErrorRoundTrip(t *testing.T) {
 // address; a client must be told the client address, by the cluster map,
 // or none if the map does not know the node.
 func TestNotLeaderNamesTheClientAddress(t *testing.T) {
-	m := newMetaFSM(func() {})
-	m.nodes["n2"] = &shardpb.ClusterNode{Id: "n2", Addr: "client-2", PeerAddr: "peer-2"}
+	m := meta.New(func() {})
+	reg, err := meta.Encode(meta.CmdRegisterNode, &shardpb.ClusterNode{Id: "n2", Addr: "client-2", PeerAddr: "peer-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err, ok := m.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: reg}).(error); ok {
+		t.Fatal(err)
+	}
 	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "client-1", PeerAddr: "peer-1"}, metaFSM: m}
 	for _, tc := range []struct {
 		name     string

@@ -276,12 +276,12 @@ func (n *Node) hotLead(table string, shard uint32) (leads bool, term uint64, lea
 	}
 	epoch := ch.Epoch()
 	role, order := ch.Role(), ch.Order()
-	if sm := n.metaFSM.shardMap(table, shard); sm != nil && sm.Epoch > epoch {
+	if sm := n.metaFSM.ShardMap(table, shard); sm != nil && sm.Epoch > epoch {
 		// A replica behind the map may believe itself head of an order
 		// that is gone (chainFor refuses its reads for that reason); the
 		// map's head decides.
 		if len(sm.Replicas) > 0 {
-			if nd := n.metaFSM.node(sm.Replicas[0]); nd != nil {
+			if nd := n.metaFSM.Node(sm.Replicas[0]); nd != nil {
 				return false, epoch, nd.PeerAddr
 			}
 		}
@@ -377,7 +377,7 @@ func (n *Node) decideHot() {
 	defer n.hot.mu.Unlock()
 	for gid, l := range n.hot.leading {
 		leads, term, _ := n.hotLead(l.table, l.shard)
-		spec := n.metaFSM.table(l.table)
+		spec := n.metaFSM.Table(l.table)
 		if !leads || spec == nil || spec.HotThreshold <= 0 {
 			// Not leading any more, or hot keys were turned off: release the
 			// read replicas (a new leader assigns its own). The release
@@ -462,18 +462,18 @@ func sameHotKeys(a, b []*shardpb.HotKey) bool {
 // to hold its hot rows: active, alive nodes in rendezvous order of the
 // group, so the choice is stable while the cluster is.
 func (n *Node) pickHotReplicas(table string, shard uint32, want int) []string {
-	sm := n.metaFSM.shardMap(table, shard)
+	sm := n.metaFSM.ShardMap(table, shard)
 	if sm == nil || want <= 0 {
 		return nil
 	}
-	alive := n.members.aliveIDs()
+	alive := n.members.AliveIDs()
 	gid := api.GroupID(table, shard)
 	type cand struct {
 		id    string
 		score uint64
 	}
 	var cands []cand
-	for _, node := range n.metaFSM.clusterMap().Nodes {
+	for _, node := range n.metaFSM.ClusterMap().Nodes {
 		if node.Admin != shardpb.NodeAdmin_NODE_ACTIVE || !alive[node.Id] || isReplica(sm, node.Id) || node.Id == sm.Adding {
 			continue
 		}
@@ -500,7 +500,7 @@ func (n *Node) assignHot(l *hotLeader, id string, keys []uint64, term uint64) {
 	} else {
 		delete(l.assigned, id)
 	}
-	node := n.metaFSM.node(id)
+	node := n.metaFSM.Node(id)
 	if node == nil {
 		return
 	}
@@ -526,7 +526,7 @@ func (s *peerService) AssignHot(ctx context.Context, req *shardpb.AssignHotReque
 	if len(keys) > MaxHotKeys {
 		return nil, s.n.toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", api.ErrBadRequest, len(keys), MaxHotKeys))
 	}
-	spec := s.n.metaFSM.table(req.Table)
+	spec := s.n.metaFSM.Table(req.Table)
 	if spec == nil {
 		return nil, s.n.toStatus(fmt.Errorf("table %q: %w", req.Table, api.ErrUnavailable))
 	}
@@ -590,7 +590,7 @@ func (n *Node) expireHotReplicas() {
 func (n *Node) refreshHotLoop(r *hotReplica) {
 	for {
 		every := hotEventualRefresh
-		if spec := n.metaFSM.table(r.table); spec != nil && spec.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
+		if spec := n.metaFSM.Table(r.table); spec != nil && spec.Consistency == shardpb.Consistency_CONSISTENCY_BOUNDED {
 			// At least 10ms apart: a copy is a linearizable read on the
 			// leader, and a tiny bound must not turn into a storm of them.
 			every = max(time.Duration(spec.StalenessBoundNs)/4, 10*time.Millisecond)
@@ -647,7 +647,7 @@ func (s *peerService) HotRows(ctx context.Context, req *shardpb.HotRowsRequest) 
 	if len(keys) > MaxHotKeys {
 		return nil, s.n.toStatus(fmt.Errorf("%w: %d hot keys (at most %d)", api.ErrBadRequest, len(keys), MaxHotKeys))
 	}
-	spec := s.n.metaFSM.table(req.Table)
+	spec := s.n.metaFSM.Table(req.Table)
 	if spec == nil {
 		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: no replica on node %s", api.GroupID(req.Table, req.Shard), api.ErrNotReplica, s.n.cfg.ID))
 	}
@@ -742,7 +742,7 @@ func (n *Node) hotShards(table string) []*shardpb.HotShard {
 		}
 		hs := &shardpb.HotShard{Table: l.table, Shard: l.shard, Version: l.version, Keys: l.keys, Term: term}
 		for _, id := range l.replicas {
-			if node := n.metaFSM.node(id); node != nil {
+			if node := n.metaFSM.Node(id); node != nil {
 				hs.ReplicaIds, hs.ReplicaAddrs = append(hs.ReplicaIds, id), append(hs.ReplicaAddrs, node.Addr)
 			}
 		}

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
+	"github.com/raftps/raftps/shard/netfault"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -85,10 +88,11 @@ type NodeConfig struct {
 	// (default: DefaultGossipAddr(Addr)) and whom to join (default: the
 	// gossip address of every peer and join address in the default layout,
 	// GossipAddrOfPeer).
-	Gossip MembershipConfig
+	Gossip membership.Config
 	// FaultInjection serves /debug/netfault on the HTTP port, through which
-	// a test blocks this node's traffic to chosen peers (netfault.go): how
-	// raftps chaos partitions a cluster on one host. Off by default.
+	// a test blocks this node's traffic to chosen peers or makes it slow
+	// (package netfault): how raftps chaos partitions a cluster on one
+	// host. Off by default.
 	FaultInjection bool
 	Logger         hclog.Logger
 }
@@ -172,10 +176,10 @@ type Node struct {
 	http               *http.Server
 	mux                *replication.Mux
 	chainMux           *chain.Mux
-	fault              *netFault // nil unless NodeConfig.FaultInjection
+	fault              *netfault.Faults // nil unless NodeConfig.FaultInjection
 	meta               *replication.RaftReplica
-	metaFSM            *metaFSM
-	members            *membership
+	metaFSM            *meta.FSM
+	members            *membership.Membership
 	// gossipAddr is the address this node gossips on.
 	gossipAddr string
 
@@ -280,9 +284,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.confirmer = newChainConfirmer(n)
 	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.PeerAddr), Logger: n.log.Named("transport")}
 	if cfg.FaultInjection {
-		n.fault = newNetFault()
-		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.dial),
-			grpc.WithChainUnaryInterceptor(n.fault.unaryClient)}
+		n.fault = netfault.New()
+		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.Dial),
+			grpc.WithChainUnaryInterceptor(n.fault.UnaryClient)}
 	}
 	n.mux, err = replication.NewMux(muxCfg)
 	if err != nil {
@@ -301,8 +305,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// than a chain message's) and the transports' keepalive pings.
 	peerOpts, clientOpts := replication.ServerOptions(), []grpc.ServerOption{}
 	if n.fault != nil {
-		peerOpts = append(peerOpts, grpc.ChainUnaryInterceptor(n.fault.unary))
-		clientOpts = append(clientOpts, grpc.ChainUnaryInterceptor(n.fault.unary))
+		peerOpts = append(peerOpts, grpc.ChainUnaryInterceptor(n.fault.UnaryServer))
+		clientOpts = append(clientOpts, grpc.ChainUnaryInterceptor(n.fault.UnaryServer))
 	}
 	n.peerServer = grpc.NewServer(peerOpts...)
 	n.mux.Register(n.peerServer)
@@ -315,7 +319,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.server = grpc.NewServer(clientOpts...)
 	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
 	reflection.Register(n.server)
-	n.metaFSM = newMetaFSM(n.kickReconcile)
+	n.metaFSM = meta.New(n.kickReconcile)
 	tr, err := n.mux.Transport(api.MetaGroupID)
 	if err != nil {
 		n.Close()
@@ -335,24 +339,17 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	gossip := cfg.Gossip
-	if len(gossip.Join) == 0 {
-		for _, a := range cfg.Join {
-			if ga, err := GossipAddrOfPeer(a); err == nil {
-				gossip.Join = append(gossip.Join, ga)
-			}
-		}
+	gossip, err := cfg.gossipConfig()
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
 	n.gossipAddr = gossip.Addr
-	if n.gossipAddr == "" {
-		if n.gossipAddr, err = DefaultGossipAddr(cfg.Addr); err != nil {
-			n.Close()
-			return nil, fmt.Errorf("node %s: gossip address: %w", cfg.ID, err)
-		}
+	expect := make([]string, 0, len(cfg.Peers))
+	for _, p := range cfg.Peers {
+		expect = append(expect, p.ID)
 	}
-	gossip.Addr = n.gossipAddr
-	gossip.fault = n.fault
-	n.members, err = newMembership(gossip, nodeMeta{ID: cfg.ID, Addr: cfg.Addr}, cfg.Peers, n.log.Named("memberlist"))
+	n.members, err = membership.New(gossip, membership.Local{ID: cfg.ID, Addr: cfg.Addr, Expect: expect, Faults: n.fault, Logger: n.log.Named("memberlist")})
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -518,11 +515,11 @@ func (n *Node) peerStub(addr string) (shardpb.PeerClient, error) {
 
 // Members returns every node of the cluster with its liveness as this
 // node's gossip view has it, sorted by ID.
-func (n *Node) Members() []MemberInfo { return n.members.Members() }
+func (n *Node) Members() []membership.Member { return n.members.Members() }
 
 // memberMap returns Members by node ID.
-func (n *Node) memberMap() map[string]MemberInfo {
-	out := map[string]MemberInfo{}
+func (n *Node) memberMap() map[string]membership.Member {
+	out := map[string]membership.Member{}
 	for _, m := range n.Members() {
 		out[m.ID] = m
 	}
@@ -607,7 +604,7 @@ func (n *Node) startHTTP() error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	if n.fault != nil {
-		mux.HandleFunc("/debug/netfault", n.fault.serveHTTP)
+		mux.Handle("/debug/netfault", n.fault)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if addr, _ := n.meta.Raft.LeaderWithID(); addr == "" {
@@ -632,7 +629,7 @@ func (n *Node) Close() error {
 		close(n.closed)
 		// Leave the gossip first: the others see this node dead at once.
 		if n.members != nil {
-			if err := n.members.close(); err != nil {
+			if err := n.members.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("memberlist: %w", err))
 			}
 		}
@@ -688,4 +685,4 @@ func (n *Node) Close() error {
 
 // ClusterMap returns this node's copy of the cluster map (as far as its
 // metadata replica has applied).
-func (n *Node) ClusterMap() *shardpb.ClusterMap { return n.metaFSM.clusterMap() }
+func (n *Node) ClusterMap() *shardpb.ClusterMap { return n.metaFSM.ClusterMap() }

@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/meta"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc/status"
 )
@@ -48,7 +49,7 @@ func (s *peerService) Forward(ctx context.Context, req *shardpb.ForwardRequest) 
 		r, err = n.authoritativeMap()
 		out.Result = &shardpb.ForwardResponse_ClusterMap{ClusterMap: r}
 	case *shardpb.ForwardRequest_JoinJob:
-		if err = checkJoinRequest(c.JoinJob); err == nil {
+		if err = meta.CheckJoinRequest(c.JoinJob); err == nil {
 			var r *shardpb.JoinJobResponse
 			r, err = n.joinJob(c.JoinJob)
 			out.Result = &shardpb.ForwardResponse_JoinJob{JoinJob: r}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -60,20 +62,20 @@ func (n *Node) reconcileLoop() {
 		case <-n.kick:
 		case <-retry.C:
 		}
-		cm := n.metaFSM.clusterMap()
+		cm := n.metaFSM.ClusterMap()
 		n.register(cm)
 		known := map[string]string{}
 		for _, nd := range cm.Nodes {
 			known[nd.Id] = nd.GossipAddr
 		}
-		n.members.setKnown(known)
+		n.members.SetKnown(known)
 		n.reconcileGroups(cm)
 		n.reportBrokenChains()
 		n.balanceLeaders(cm)
 		n.repairDrift(cm)
 		n.gcRetired(cm)
 		n.gcLeftChains()
-		n.members.setLocal(cm.Version, n.leaderCount())
+		n.members.SetLocal(cm.Version, n.leaderCount())
 	}
 }
 
@@ -135,7 +137,7 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 			n.reconcileChain(sm, spec, addrOf)
 			continue
 		}
-		id := shardMapKey(sm)
+		id := meta.ShardMapKey(sm)
 		member := isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID
 		inMap[id] = member
 		open := n.Group(sm.Table, sm.Shard) != nil
@@ -177,7 +179,7 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 // confirms.
 func (n *Node) findRetired() {
 	for table, sh := range replicaDirs(filepath.Join(n.cfg.DataDir, "groups")) {
-		sm := n.metaFSM.shardMap(table, sh)
+		sm := n.metaFSM.ShardMap(table, sh)
 		if sm != nil && !isReplica(sm, n.cfg.ID) && sm.Adding != n.cfg.ID {
 			n.retired[api.GroupID(table, sh)] = true
 		}
@@ -221,7 +223,7 @@ func (n *Node) gcRetired(cm *shardpb.ClusterMap) {
 		}
 		var sm *shardpb.ShardMap
 		for _, x := range cm.Shards {
-			if shardMapKey(x) == id {
+			if meta.ShardMapKey(x) == id {
 				sm = x
 			}
 		}
@@ -270,10 +272,10 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 		if g == nil || !g.IsLeader() || !isReplica(sm, n.cfg.ID) {
 			continue
 		}
-		id := shardMapKey(sm)
+		id := meta.ShardMapKey(sm)
 		pref := sm.Replicas[0]
 		m, ok := alive[pref]
-		if !ok || m.State != StateAlive || now.Sub(m.Since) < preferredAliveFor || now.Sub(n.lastTransfer[id]) < leaderTransferEvery {
+		if !ok || m.State != membership.Alive || now.Sub(m.Since) < preferredAliveFor || now.Sub(n.lastTransfer[id]) < leaderTransferEvery {
 			continue
 		}
 		if suf, in, err := suffrageOf(g.Raft(), pref); err != nil || !in || suf != raft.Voter {
@@ -302,7 +304,7 @@ func (n *Node) repairDrift(cm *shardpb.ClusterMap) {
 	addrOf := peerAddrs(cm)
 	seen := map[string]bool{}
 	for _, sm := range cm.Shards {
-		id := shardMapKey(sm)
+		id := meta.ShardMapKey(sm)
 		g := n.Group(sm.Table, sm.Shard)
 		if g == nil || !g.IsLeader() || sm.Adding != "" || !isReplica(sm, n.cfg.ID) {
 			continue
@@ -369,7 +371,7 @@ func (n *Node) repairDrift(cm *shardpb.ClusterMap) {
 // each shard's replicas.
 func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) error {
 	for s := range spec.Shards {
-		sm := n.metaFSM.shardMap(spec.Name, s)
+		sm := n.metaFSM.ShardMap(spec.Name, s)
 		if sm == nil {
 			return fmt.Errorf("table %q: %w: shard %d has no map entry", spec.Name, api.ErrUnavailable, s)
 		}
@@ -384,4 +386,18 @@ func (n *Node) waitTableReady(ctx context.Context, spec *shardpb.TableSpec) erro
 		}
 	}
 	return nil
+}
+
+// isReplica reports whether node id is one of the shard's voters in sm.
+func isReplica(sm *shardpb.ShardMap, id string) bool {
+	return sm != nil && slices.Contains(sm.Replicas, id)
+}
+
+// peerAddrs maps each node of the map to its peer address.
+func peerAddrs(cm *shardpb.ClusterMap) map[string]string {
+	out := make(map[string]string, len(cm.Nodes))
+	for _, nd := range cm.Nodes {
+		out[nd.Id] = nd.PeerAddr
+	}
+	return out
 }

@@ -34,7 +34,7 @@ func (s *peerService) Reconfigure(ctx context.Context, req *shardpb.ReconfigureR
 	// refused: its scheduler (a deposed metadata leader, or a round that
 	// read the map before another step changed it) works from a stale view.
 	// This node's map may itself lag; that only narrows the check.
-	if sm := n.metaFSM.shardMap(req.Table, req.Shard); req.Epoch != 0 && sm != nil && sm.Epoch > req.Epoch {
+	if sm := n.metaFSM.ShardMap(req.Table, req.Shard); req.Epoch != 0 && sm != nil && sm.Epoch > req.Epoch {
 		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: the change was decided at epoch %d, node %s has %d", g.ID(), api.ErrEpochChanged, req.Epoch, n.cfg.ID, sm.Epoch))
 	}
 	var err error

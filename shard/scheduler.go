@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
+	"github.com/raftps/raftps/shard/placement"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -17,9 +20,9 @@ import (
 )
 
 // The scheduler runs on the metadata leader only. Every round it reads the
-// cluster map and the gossip view, computes the target placement (Place over
-// the nodes that may hold replicas), and moves each shard one step towards
-// it:
+// cluster map and the gossip view, computes the target placement
+// (placement.Place over the nodes that may hold replicas), and moves each
+// shard one step towards it:
 //
 //	settled ──(target has a node the set lacks)──▶ adding: map records it
 //	adding ──(leader: non-voter, catch up, voter)──▶ map: replicas + node
@@ -118,7 +121,7 @@ func (n *Node) schedulerLoop() {
 // view is what one round knows of the nodes.
 type view struct {
 	nodes  map[string]*shardpb.ClusterNode
-	member map[string]MemberInfo
+	member map[string]membership.Member
 	// silent: nodes this metadata leader has not heard from for the chain
 	// silence (see silentNodes).
 	silent map[string]bool
@@ -173,7 +176,7 @@ func (sc *scheduler) silentNodes(cm *shardpb.ClusterMap, now time.Time) map[stri
 
 func (v *view) alive(id string) bool {
 	m, ok := v.member[id]
-	return ok && m.State == StateAlive
+	return ok && m.State == membership.Alive
 }
 
 // failed: removed, unknown, or dead (not merely suspect) for the grace period.
@@ -186,7 +189,7 @@ func (v *view) failed(id string) bool {
 	if !ok {
 		return false // not heard of yet: give it time
 	}
-	return m.State == StateDead && v.now.Sub(m.Since) >= v.grace
+	return m.State == membership.Dead && v.now.Sub(m.Since) >= v.grace
 }
 
 // placeable: may hold replicas in the target.
@@ -200,7 +203,7 @@ func (sc *scheduler) round(ctx context.Context) {
 	sc.metaChanges()
 	// The map is read after the metadata changes above (which may block),
 	// and every step re-checks its shard's epoch before it acts.
-	cm := n.metaFSM.clusterMap()
+	cm := n.metaFSM.ClusterMap()
 	v := sc.newView(cm)
 	var nodes []string
 	for _, nd := range cm.Nodes {
@@ -211,10 +214,10 @@ func (sc *scheduler) round(ctx context.Context) {
 	if len(nodes) == 0 || len(cm.Tables) == 0 {
 		return
 	}
-	current := Placement{}
-	var tables []PlacementTable
+	current := placement.Placement{}
+	var tables []placement.Table
 	for _, t := range cm.Tables {
-		tables = append(tables, PlacementTable{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
+		tables = append(tables, placement.Table{Name: t.Name, Shards: int(t.Shards), Replicas: int(t.Replicas)})
 		current[t.Name] = make([][]string, t.Shards)
 	}
 	for _, sm := range cm.Shards {
@@ -226,7 +229,7 @@ func (sc *scheduler) round(ctx context.Context) {
 			c[sm.Shard] = set
 		}
 	}
-	res, err := Place(nodes, tables, current)
+	res, err := placement.Place(nodes, tables, current)
 	if err != nil {
 		n.log.Error("placement", "error", err)
 		return
@@ -249,7 +252,7 @@ func (sc *scheduler) round(ctx context.Context) {
 	sc.mu.Lock()
 	adding := [2]int{}
 	for _, sm := range cm.Shards {
-		if sm.Adding != "" || sc.inflight[shardMapKey(sm)] {
+		if sm.Adding != "" || sc.inflight[meta.ShardMapKey(sm)] {
 			adding[hurt(sm)]++
 		}
 	}
@@ -260,7 +263,7 @@ func (sc *scheduler) round(ctx context.Context) {
 		chain[t.Name] = api.IsChain(t)
 	}
 	for _, sm := range shards {
-		key := shardMapKey(sm)
+		key := meta.ShardMapKey(sm)
 		tp := res.Placement[sm.Table]
 		if tp == nil || int(sm.Shard) >= len(tp) {
 			continue
@@ -374,7 +377,7 @@ func (sc *scheduler) pickRemoval(sm *shardpb.ShardMap, target []string, v *view)
 // entry is still the one the step was decided from: a round reads the map
 // once, and a step of an earlier round may have changed the entry since.
 func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(ctx context.Context) error) {
-	key := shardMapKey(sm)
+	key := meta.ShardMapKey(sm)
 	sc.mu.Lock()
 	sc.inflight[key] = true
 	sc.mu.Unlock()
@@ -384,7 +387,7 @@ func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(
 			delete(sc.inflight, key)
 			sc.mu.Unlock()
 		}()
-		if cur := sc.n.metaFSM.shardMap(sm.Table, sm.Shard); cur == nil || cur.Epoch != sm.Epoch {
+		if cur := sc.n.metaFSM.ShardMap(sm.Table, sm.Shard); cur == nil || cur.Epoch != sm.Epoch {
 			return
 		}
 		ctx, cancel := context.WithTimeout(ctx, moveTimeout)
@@ -411,14 +414,14 @@ func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(
 
 // setShard commits a shard's new entry, if sm is still current.
 func (sc *scheduler) setShard(sm *shardpb.ShardMap, replicas []string, adding string) (*shardpb.ShardMap, error) {
-	out, err := sc.n.applyMeta(metaSetShard, &shardpb.MetaSetShard{
+	out, err := sc.n.applyMeta(meta.CmdSetShard, &shardpb.MetaSetShard{
 		Table: sm.Table, Shard: sm.Shard, ExpectEpoch: sm.Epoch, Replicas: replicas, Adding: adding,
-	}, fmt.Sprintf("changing shard %s", shardMapKey(sm)))
+	}, fmt.Sprintf("changing shard %s", meta.ShardMapKey(sm)))
 	if err != nil {
 		return nil, err
 	}
 	nsm, _ := out.(*shardpb.ShardMap)
-	sc.n.log.Info("shard map changed", "group", shardMapKey(sm), "epoch", nsm.GetEpoch(), "replicas", replicas, "adding", adding)
+	sc.n.log.Info("shard map changed", "group", meta.ShardMapKey(sm), "epoch", nsm.GetEpoch(), "replicas", replicas, "adding", adding)
 	return nsm, nil
 }
 
@@ -431,7 +434,7 @@ func (sc *scheduler) checkFormed(ctx context.Context, sm *shardpb.ShardMap) erro
 		return nil // not yet: the next round asks again
 	}
 	sc.mu.Lock()
-	sc.formed[shardMapKey(sm)] = true
+	sc.formed[meta.ShardMapKey(sm)] = true
 	sc.mu.Unlock()
 	return nil
 }
@@ -445,7 +448,7 @@ func (sc *scheduler) beginAdd(ctx context.Context, sm *shardpb.ShardMap, add str
 }
 
 func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap) error {
-	nd := sc.n.metaFSM.node(sm.Adding)
+	nd := sc.n.metaFSM.Node(sm.Adding)
 	if nd == nil {
 		return fmt.Errorf("node %q: %w", sm.Adding, api.ErrUnknownNode)
 	}
@@ -455,7 +458,7 @@ func (sc *scheduler) finishAdd(ctx context.Context, sm *shardpb.ShardMap) error 
 	}); err != nil {
 		return err
 	}
-	sc.n.log.Info("replica added", "group", shardMapKey(sm), "node", nd.Id, "took", time.Since(start))
+	sc.n.log.Info("replica added", "group", meta.ShardMapKey(sm), "node", nd.Id, "took", time.Since(start))
 	_, err := sc.setShard(sm, append(slices.Clone(sm.Replicas), sm.Adding), "")
 	return err
 }
@@ -487,7 +490,7 @@ func (sc *scheduler) remove(ctx context.Context, sm *shardpb.ShardMap, rm string
 func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *shardpb.ReconfigureRequest) (*shardpb.ReconfigureResponse, error) {
 	var addrs []string
 	for _, id := range sm.Replicas {
-		if nd := n.metaFSM.node(id); nd != nil {
+		if nd := n.metaFSM.Node(id); nd != nil {
 			addrs = append(addrs, nd.PeerAddr)
 		}
 	}
@@ -504,7 +507,7 @@ func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *s
 			// address, which is not where peers call).
 			var re *api.RemoteError
 			if errors.As(err, &re) && re.LeaderID != "" {
-				if nd := n.metaFSM.node(re.LeaderID); nd != nil && nd.PeerAddr != addr {
+				if nd := n.metaFSM.Node(re.LeaderID); nd != nil && nd.PeerAddr != addr {
 					if resp, err = n.callReconfigure(ctx, nd.PeerAddr, req); err == nil {
 						return resp, nil
 					}
@@ -517,7 +520,7 @@ func (n *Node) callShardLeader(ctx context.Context, sm *shardpb.ShardMap, req *s
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("group %s: %s: %w (last error: %v)", shardMapKey(sm), req.Op, ctx.Err(), last)
+			return nil, fmt.Errorf("group %s: %s: %w (last error: %v)", meta.ShardMapKey(sm), req.Op, ctx.Err(), last)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
@@ -552,7 +555,7 @@ func (n *Node) callReconfigure(ctx context.Context, addr string, req *shardpb.Re
 // metaChanges makes this round's metadata group and node changes, from a
 // map and gossip view of its own.
 func (sc *scheduler) metaChanges() {
-	cm := sc.n.metaFSM.clusterMap()
+	cm := sc.n.metaFSM.ClusterMap()
 	v := sc.newView(cm)
 	sc.metaVoters(v)
 	sc.forgetRemoved(cm, v)
@@ -580,7 +583,7 @@ func (sc *scheduler) forgetRemoved(cm *shardpb.ClusterMap, v *view) {
 			sc.n.log.Warn("removing a removed node from the metadata group", "node", nd.Id, "error", err)
 			continue
 		}
-		if _, err := sc.n.applyMeta(metaForgetNode, &shardpb.SetNodeAdminRequest{Id: nd.Id}, "forgetting node "+nd.Id); err != nil {
+		if _, err := sc.n.applyMeta(meta.CmdForgetNode, &shardpb.SetNodeAdminRequest{Id: nd.Id}, "forgetting node "+nd.Id); err != nil {
 			sc.n.log.Warn("forgetting a removed node", "node", nd.Id, "error", err)
 			continue
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/membership"
+	"github.com/raftps/raftps/shard/meta"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication"
@@ -35,7 +37,7 @@ type service struct {
 // leader (the client follows it), for data requests api.ErrUnavailable, unless
 // the metadata leader, asked, says the table does not exist.
 func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*shardpb.TableSpec, error) {
-	if spec := n.metaFSM.table(name); spec != nil {
+	if spec := n.metaFSM.Table(name); spec != nil {
 		return spec, nil
 	}
 	if err := n.metaAuthoritative(); err != nil {
@@ -45,7 +47,7 @@ func (n *Node) lookupSpec(ctx context.Context, name string, metaRequest bool) (*
 		}
 		return nil, n.askMetaLeader(ctx, name, err)
 	}
-	if spec := n.metaFSM.table(name); spec != nil {
+	if spec := n.metaFSM.Table(name); spec != nil {
 		return spec, nil
 	}
 	return nil, fmt.Errorf("table %q: %w", name, store.ErrUnknownTable)
@@ -129,7 +131,7 @@ func (n *Node) checkShardEpoch(spec *shardpb.TableSpec, shard uint32, epoch uint
 	if shard >= spec.Shards {
 		return fmt.Errorf("table %q has %d shards, not shard %d: %w", table, spec.Shards, shard, api.ErrUnknownShard)
 	}
-	if sm := n.metaFSM.shardMap(table, shard); sm != nil {
+	if sm := n.metaFSM.ShardMap(table, shard); sm != nil {
 		switch {
 		case epoch != 0 && epoch < sm.Epoch:
 			return fmt.Errorf("group %s: %w: the request has epoch %d, node %s has %d", api.GroupID(table, shard), api.ErrStaleMap, epoch, n.cfg.ID, sm.Epoch)
@@ -361,7 +363,7 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 	if err != nil {
 		return nil, s.n.toStatus(err)
 	}
-	if _, err := s.n.applyMeta(metaCreateTableV2, cmd, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
+	if _, err := s.n.applyMeta(meta.CmdCreateTableV2, cmd, fmt.Sprintf("creating table %q", spec.Name)); err != nil {
 		return nil, s.n.toStatus(err)
 	}
 	// Answer once this node serves every shard, so the caller can push at once.
@@ -388,7 +390,7 @@ func (s *service) describe(ctx context.Context, req *shardpb.DescribeTableReques
 		return nil, err
 	}
 	resp := &shardpb.DescribeTableResponse{Spec: spec}
-	resp.Shards, resp.Nodes = s.n.metaFSM.tableShards(spec)
+	resp.Shards, resp.Nodes = s.n.metaFSM.TableShards(spec)
 	for sh := range spec.Shards {
 		l := &shardpb.ShardLeader{Shard: sh}
 		if g := s.n.Group(spec.Name, sh); g != nil {
@@ -419,16 +421,16 @@ func (s *service) ListTables(context.Context, *shardpb.ListTablesRequest) (*shar
 		addr, id := s.n.meta.Raft.LeaderWithID()
 		return nil, s.n.toStatus(&replication.NotLeaderError{Group: api.MetaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
-	return &shardpb.ListTablesResponse{Tables: s.n.metaFSM.list()}, nil
+	return &shardpb.ListTablesResponse{Tables: s.n.metaFSM.List()}, nil
 }
 
 // applyMeta commits a metadata command through this node, which must be the
-// metadata leader, and returns what metaFSM.Apply answered (what: the
+// metadata leader, and returns what meta.FSM.Apply answered (what: the
 // operation, for errors). A failure to commit is ErrUnknownOutcome: the
 // entry may still commit, so a caller's retry must allow for it having been
 // applied (CreateTable's finds its table, JoinJob's its rank).
 func (n *Node) applyMeta(cmd byte, arg proto.Message, what string) (any, error) {
-	b, err := encodeMeta(cmd, arg)
+	b, err := meta.Encode(cmd, arg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -443,7 +445,7 @@ func (n *Node) applyMeta(cmd byte, arg proto.Message, what string) (any, error) 
 }
 
 func (s *service) JoinJob(ctx context.Context, req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
-	if err := checkJoinRequest(req); err != nil {
+	if err := meta.CheckJoinRequest(req); err != nil {
 		return nil, s.n.toStatus(err)
 	}
 	return onMetaLeader(ctx, s.n, func() (*shardpb.JoinJobResponse, error) { return s.n.joinJob(req) },
@@ -470,7 +472,7 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 }
 
 func (n *Node) joinJob(req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
-	out, err := n.applyMeta(metaJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
+	out, err := n.applyMeta(meta.CmdJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
 	if err != nil {
 		return nil, err
 	}
@@ -485,15 +487,15 @@ func (n *Node) getJob(req *shardpb.GetJobRequest) (*shardpb.GetJobResponse, erro
 	if err := n.metaAuthoritative(); err != nil {
 		return nil, fmt.Errorf("job %q: %w: node %s %v", req.Job, api.ErrUnavailable, n.cfg.ID, err)
 	}
-	j := n.metaFSM.job(req.Job)
+	j := n.metaFSM.Job(req.Job)
 	if j == nil {
 		return nil, fmt.Errorf("job %q: %w", req.Job, api.ErrUnknownJob)
 	}
-	return &shardpb.GetJobResponse{Job: j, Complete: jobComplete(j)}, nil
+	return &shardpb.GetJobResponse{Job: j, Complete: meta.JobComplete(j)}, nil
 }
 
 func (n *Node) deleteJob(req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobResponse, error) {
-	if _, err := n.applyMeta(metaDeleteJob, req, fmt.Sprintf("deleting job %q", req.Job)); err != nil {
+	if _, err := n.applyMeta(meta.CmdDeleteJob, req, fmt.Sprintf("deleting job %q", req.Job)); err != nil {
 		return nil, err
 	}
 	return &shardpb.DeleteJobResponse{}, nil
@@ -501,14 +503,14 @@ func (n *Node) deleteJob(req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobRespo
 
 func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
-	cm := n.metaFSM.clusterMap()
-	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.jobList(), MapVersion: cm.Version,
+	cm := n.metaFSM.ClusterMap()
+	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.JobList(), MapVersion: cm.Version,
 		Hot: n.hotShards(""), Served: n.served.snapshot()}
 	resp.Replicas = append(resp.Replicas, n.replicaStatus(api.MetaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
 	members := n.memberMap()
 	live := func(id string) bool {
 		st := members[id].State
-		return st == StateAlive || st == StateSuspect
+		return st == membership.Alive || st == membership.Suspect
 	}
 	specs := map[string]*shardpb.TableSpec{}
 	for _, t := range cm.Tables {
@@ -560,15 +562,15 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 	}
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		m, ok := members[id]
-		info := &shardpb.NodeInfo{Id: id, Addr: m.Addr, State: StateDead, Replicas: replicas[id], Admin: "unregistered"}
+		info := &shardpb.NodeInfo{Id: id, Addr: m.Addr, State: membership.Dead, Replicas: replicas[id], Admin: "unregistered"}
 		if ok {
 			info.State = m.State
-			if m.State != StateDead {
+			if m.State != membership.Dead {
 				info.Leaders = m.Leaders
 			}
 		}
-		if nd := n.metaFSM.node(id); nd != nil {
-			info.Addr, info.Admin = nd.Addr, adminName(nd.Admin)
+		if nd := n.metaFSM.Node(id); nd != nil {
+			info.Addr, info.Admin = nd.Addr, meta.AdminName(nd.Admin)
 		}
 		if id == n.cfg.ID {
 			info.Leaders = n.leaderCount()

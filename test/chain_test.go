@@ -15,6 +15,7 @@ import (
 	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/shard/membership"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/test/history"
 	"google.golang.org/grpc"
@@ -348,7 +349,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 		}
 	}
 	t.Logf("removed after %s: order %v, epoch %d; gossip says %s", time.Since(cut).Round(time.Millisecond), removed.Replicas, removed.Epoch, gossip)
-	if gossip == shard.StateDead {
+	if gossip == membership.Dead {
 		t.Errorf("gossip had declared %s dead before the metadata leader removed it for its silence", victimID)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)

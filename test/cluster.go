@@ -17,6 +17,7 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/shard/membership"
 	"github.com/raftps/raftps/shard/shardpb"
 )
 
@@ -56,8 +57,8 @@ func TrainRaft() replication.RaftConfig {
 
 // FastGossip is a membership configuration for tests on loopback: a node
 // that stops answering is declared dead in about a second and a half.
-func FastGossip() shard.MembershipConfig {
-	return shard.MembershipConfig{
+func FastGossip() membership.Config {
+	return membership.Config{
 		ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
 		GossipInterval: 50 * time.Millisecond, SuspicionMult: 4, RejoinInterval: 300 * time.Millisecond,
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/shard/membership"
 )
 
 // BenchmarkElasticRepair measures, on a 5-node in-process cluster with a
@@ -52,7 +53,7 @@ func BenchmarkElasticRepair(b *testing.B) {
 		var detected time.Duration
 		for detected == 0 {
 			for _, m := range watcher.Members() {
-				if m.ID == c.ID(victim) && m.State == shard.StateDead {
+				if m.ID == c.ID(victim) && m.State == membership.Dead {
 					detected = time.Since(killed)
 				}
 			}

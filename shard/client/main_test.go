@@ -10,6 +10,7 @@ import (
 
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/membership"
 )
 
 // TestMain starts a 3-node cluster on loopback for the examples, and stops
@@ -56,7 +57,7 @@ func startCluster(dir string, n int) ([]*shard.Node, error) {
 	var nodes []*shard.Node
 	for i, p := range peers {
 		cfg := shard.NodeConfig{ID: p.ID, Addr: addr(i), PeerAddr: p.PeerAddr, DataDir: filepath.Join(dir, p.ID), Peers: peers, Raft: raft,
-			Gossip: shard.MembershipConfig{Addr: addr(2*n + i), ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
+			Gossip: membership.Config{Addr: addr(2*n + i), ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
 				GossipInterval: 50 * time.Millisecond}}
 		nd, err := shard.StartNode(cfg)
 		if err != nil {
@@ -75,7 +76,7 @@ func startCluster(dir string, n int) ([]*shard.Node, error) {
 		for _, nd := range nodes {
 			alive := 0
 			for _, m := range nd.Members() {
-				if m.State == shard.StateAlive {
+				if m.State == membership.Alive {
 					alive++
 				}
 			}

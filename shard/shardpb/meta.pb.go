@@ -24,7 +24,7 @@ const (
 )
 
 // MetaSnapshot is the metadata group's state in a snapshot (formats 2 and 3;
-// see shard/meta.go): tables and jobs, each sorted by name, and (format 3)
+// see shard/meta/meta.go): tables and jobs, each sorted by name, and (format 3)
 // the cluster map.
 type MetaSnapshot struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`

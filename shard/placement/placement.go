@@ -1,4 +1,4 @@
-package shard
+package placement
 
 import (
 	"cmp"
@@ -11,8 +11,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// PlacementTable is what Place needs to know of a table.
-type PlacementTable struct {
+// Table is what Place needs to know of a table.
+type Table struct {
 	Name     string
 	Shards   int // number of shards, > 0
 	Replicas int // replication factor, > 0
@@ -22,8 +22,8 @@ type PlacementTable struct {
 // the nodes holding a replica. The first node is the preferred leader.
 type Placement map[string][][]string
 
-// PlacementResult is the outcome of Place.
-type PlacementResult struct {
+// Result is the outcome of Place.
+type Result struct {
 	Placement Placement
 	// Short is the number of shards given fewer replicas than their table
 	// asks for, because there are fewer live nodes than replicas. Each such
@@ -67,32 +67,32 @@ type pgroup struct {
 // or repeated, or a table has no name, a repeated name, or no shards or
 // replicas. Entries of current for unknown tables, shards beyond a table's
 // count, dead or repeated nodes are ignored.
-func Place(nodes []string, tables []PlacementTable, current Placement) (PlacementResult, error) {
+func Place(nodes []string, tables []Table, current Placement) (Result, error) {
 	if len(nodes) == 0 {
-		return PlacementResult{}, fmt.Errorf("%w: placement needs at least one node", api.ErrBadRequest)
+		return Result{}, fmt.Errorf("%w: placement needs at least one node", api.ErrBadRequest)
 	}
 	ids := slices.Clone(nodes)
 	slices.Sort(ids)
 	for i, id := range ids {
 		if id == "" {
-			return PlacementResult{}, fmt.Errorf("%w: empty node ID", api.ErrBadRequest)
+			return Result{}, fmt.Errorf("%w: empty node ID", api.ErrBadRequest)
 		}
 		if i > 0 && ids[i-1] == id {
-			return PlacementResult{}, fmt.Errorf("%w: node ID %q given twice", api.ErrBadRequest, id)
+			return Result{}, fmt.Errorf("%w: node ID %q given twice", api.ErrBadRequest, id)
 		}
 	}
 	ts := slices.Clone(tables)
-	slices.SortFunc(ts, func(a, b PlacementTable) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(ts, func(a, b Table) int { return cmp.Compare(a.Name, b.Name) })
 	for i, t := range ts {
 		switch {
 		case t.Name == "":
-			return PlacementResult{}, fmt.Errorf("%w: table with no name", api.ErrBadRequest)
+			return Result{}, fmt.Errorf("%w: table with no name", api.ErrBadRequest)
 		case i > 0 && ts[i-1].Name == t.Name:
-			return PlacementResult{}, fmt.Errorf("%w: table %q given twice", api.ErrBadRequest, t.Name)
+			return Result{}, fmt.Errorf("%w: table %q given twice", api.ErrBadRequest, t.Name)
 		case t.Shards <= 0:
-			return PlacementResult{}, fmt.Errorf("%w: table %q has %d shards", api.ErrBadRequest, t.Name, t.Shards)
+			return Result{}, fmt.Errorf("%w: table %q has %d shards", api.ErrBadRequest, t.Name, t.Shards)
 		case t.Replicas <= 0:
-			return PlacementResult{}, fmt.Errorf("%w: table %q has %d replicas", api.ErrBadRequest, t.Name, t.Replicas)
+			return Result{}, fmt.Errorf("%w: table %q has %d replicas", api.ErrBadRequest, t.Name, t.Replicas)
 		}
 	}
 
@@ -247,7 +247,7 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 			}
 		}
 		if !moved {
-			panic("shard: placement correction found no move") // impossible, see above
+			panic("placement: the correction found no move") // impossible, see above
 		}
 	}
 
@@ -345,7 +345,7 @@ func Place(nodes []string, tables []PlacementTable, current Placement) (Placemen
 		out[t.Name] = shards
 		start += t.Shards
 	}
-	return PlacementResult{Placement: out, Short: short, MaxReplicas: capR, MaxLeaders: capL}, nil
+	return Result{Placement: out, Short: short, MaxReplicas: capR, MaxLeaders: capL}, nil
 }
 
 // balanceLeaders moves leadership until no node leads more than c shards, or
@@ -457,10 +457,10 @@ func pullLeader(groups []pgroup, lload []int, lo, u int) bool {
 	return false
 }
 
-// PlacementMoves counts what changes from one placement to another: replicas
+// Moves counts what changes from one placement to another: replicas
 // in to that from does not have for the same shard (each one a copy to make),
 // and shards whose preferred leader differs.
-func PlacementMoves(from, to Placement) (replicas, leaders int) {
+func Moves(from, to Placement) (replicas, leaders int) {
 	for name, shards := range to {
 		old := from[name]
 		for s, list := range shards {

@@ -1,4 +1,4 @@
-package shard
+package membership
 
 import (
 	"bufio"
@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/raftps/raftps/shard/internal/loopback"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -85,7 +87,7 @@ func TestMembershipCloseWithUnreachablePeer(t *testing.T) {
 			return hole, func() bool { return connecting(t, p) }
 		}},
 		{"frozen", func(t *testing.T) (string, func() bool) {
-			addr, taken := acceptAll(t)
+			addr, taken := loopback.AcceptAll(t)
 			return addr, func() bool {
 				select {
 				case <-taken:
@@ -104,22 +106,21 @@ func TestMembershipCloseWithUnreachablePeer(t *testing.T) {
 			}
 			addr := l.Addr().String()
 			l.Close()
-			peers := []Peer{{ID: "a", PeerAddr: "127.0.0.1:2001"}, {ID: "b", PeerAddr: "127.0.0.1:2002"}}
-			cfg := MembershipConfig{Addr: addr, Join: []string{peer}, RejoinInterval: time.Hour}
-			m, err := newMembership(cfg, nodeMeta{ID: "a", Addr: "127.0.0.1:1"}, peers, hclog.NewNullLogger())
+			cfg := Config{Addr: addr, Join: []string{peer}, RejoinInterval: time.Hour}
+			m, err := New(cfg, Local{ID: "a", Addr: "127.0.0.1:1", Expect: []string{"a", "b"}, Logger: hclog.NewNullLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			deadline := time.Now().Add(5 * time.Second)
 			for !inFlight() {
 				if time.Now().After(deadline) {
-					m.close()
+					m.Close()
 					t.Fatal("the rejoin loop never reached the peer")
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
 			start := time.Now()
-			if err := m.close(); err != nil {
+			if err := m.Close(); err != nil {
 				t.Fatal(err)
 			}
 			// memberlist's TCP timeout is 10 s; Leave may take its 500 ms.

@@ -1,11 +1,8 @@
-package shard
+package meta
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/raftps/raftps/shard/api"
@@ -17,7 +14,8 @@ import (
 
 // Tests of the cluster map part of the metadata FSM (clustermap.go): node
 // registration and admin states, forgetting nodes, table creation with
-// placement, the compare-and-set on shard epochs, snapshots and determinism.
+// placement, the compare-and-set on shard epochs; snapshots and determinism
+// in clustermap_snapshot_test.go.
 // Commands go through metaLog (meta_test.go), i.e. through Apply with the
 // encoding the leader uses.
 
@@ -34,7 +32,7 @@ func cmRegister(id, addr, gossip string) cmCmd {
 }
 
 func cmRegisterPeer(id, addr, peer, gossip string) cmCmd {
-	return cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: id, Addr: addr, PeerAddr: peer, GossipAddr: gossip}}
+	return cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: id, Addr: addr, PeerAddr: peer, GossipAddr: gossip}}
 }
 
 // cmPeer is the peer address the tests give client address addr.
@@ -46,15 +44,15 @@ func cmPeer(addr string) string {
 }
 
 func cmAdmin(id string, a shardpb.NodeAdmin) cmCmd {
-	return cmCmd{metaSetNodeAdmin, &shardpb.SetNodeAdminRequest{Id: id, Admin: a}}
+	return cmCmd{CmdSetNodeAdmin, &shardpb.SetNodeAdminRequest{Id: id, Admin: a}}
 }
 
 func cmForget(id string) cmCmd {
-	return cmCmd{metaForgetNode, &shardpb.SetNodeAdminRequest{Id: id}}
+	return cmCmd{CmdForgetNode, &shardpb.SetNodeAdminRequest{Id: id}}
 }
 
 func cmSetShard(table string, shard uint32, expect uint64, adding string, replicas ...string) cmCmd {
-	return cmCmd{metaSetShard, &shardpb.MetaSetShard{Table: table, Shard: shard, ExpectEpoch: expect, Replicas: replicas, Adding: adding}}
+	return cmCmd{CmdSetShard, &shardpb.MetaSetShard{Table: table, Shard: shard, ExpectEpoch: expect, Replicas: replicas, Adding: adding}}
 }
 
 // cmCreate creates table name with one shard entry per element of
@@ -64,7 +62,7 @@ func cmCreate(name string, replicas uint32, placement ...[]string) cmCmd {
 	for s, r := range placement {
 		c.Shards = append(c.Shards, &shardpb.ShardMap{Table: name, Shard: uint32(s), Replicas: r})
 	}
-	return cmCmd{metaCreateTableV2, c}
+	return cmCmd{CmdCreateTableV2, c}
 }
 
 const (
@@ -88,7 +86,7 @@ const cmBaseVersion = 5
 
 // cmLog is a metaLog whose FSM counts its onChange calls.
 func cmLog(t *testing.T, changes *int) *metaLog {
-	return &metaLog{t: t, m: newMetaFSM(func() { *changes++ })}
+	return &metaLog{t: t, m: New(func() { *changes++ })}
 }
 
 // cmMustApply applies cmds, failing the test on any refusal.
@@ -170,9 +168,9 @@ func runCMCases(t *testing.T, cases []cmCase) {
 			l := cmLog(t, &changes)
 			cmMustApply(t, l, cmBase...)
 			cmMustApply(t, l, c.setup...)
-			before, snapBefore, changesBefore := l.m.clusterMap(), snapshotBytes(t, l.m), changes
+			before, snapBefore, changesBefore := l.m.ClusterMap(), snapshotBytes(t, l.m), changes
 			out := l.apply(c.cmd.cmd, c.cmd.arg)
-			after := l.m.clusterMap()
+			after := l.m.ClusterMap()
 			err, _ := out.(error)
 			if c.want != nil {
 				if !errors.Is(err, c.want) {
@@ -209,7 +207,7 @@ func TestClusterMapBase(t *testing.T) {
 	// The base state itself: four active nodes, two epoch-1 entries, version 5.
 	l := newMetaLog(t)
 	cmMustApply(t, l, cmBase...)
-	cm := l.m.clusterMap()
+	cm := l.m.ClusterMap()
 	want := &shardpb.ClusterMap{
 		Version: cmBaseVersion,
 		Nodes: []*shardpb.ClusterNode{
@@ -225,8 +223,8 @@ func TestClusterMapBase(t *testing.T) {
 	if !proto.Equal(cm, want) {
 		t.Fatalf("base map\n got %v\nwant %v", cm, want)
 	}
-	if l.m.version() != cmBaseVersion {
-		t.Fatalf("version() %d, clusterMap().Version %d", l.m.version(), cm.Version)
+	if l.m.Version() != cmBaseVersion {
+		t.Fatalf("version() %d, clusterMap().Version %d", l.m.Version(), cm.Version)
 	}
 }
 
@@ -348,7 +346,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// The admin state in a registration is ignored: a node cannot
 			// register itself out of draining.
 			name: "admin in registration ignored", setup: []cmCmd{cmAdmin("n1", cmDraining)},
-			cmd: cmCmd{metaRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
+			cmd: cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
 				if got := cmNode(after, "n1").Admin; got != cmDraining {
 					t.Fatalf("n1 is %v after re-registering, want draining", got)
@@ -376,7 +374,7 @@ func TestClusterMapRegisterSequence(t *testing.T) {
 	cmMustApply(t, l, cmRegister("n1", "a9", "g1"), cmRegister("n5", "a1", "g5"))
 	// n5 holds no replica: removed, it can be forgotten, and its address reused.
 	cmMustApply(t, l, cmAdmin("n5", cmRemoved), cmForget("n5"), cmRegister("n6", "a1", "g6"))
-	cm := l.m.clusterMap()
+	cm := l.m.ClusterMap()
 	if cmNode(cm, "n5") != nil || cmNode(cm, "n6").GetAddr() != "a1" || cmNode(cm, "n1").GetAddr() != "a9" {
 		t.Fatalf("map %v", cm)
 	}
@@ -385,7 +383,7 @@ func TestClusterMapRegisterSequence(t *testing.T) {
 	}
 	// A forgotten ID may register afresh (it is unknown again), as active.
 	cmMustApply(t, l, cmRegister("n5", "a5", "g5"))
-	if nd := l.m.node("n5"); nd.GetAdmin() != cmActive {
+	if nd := l.m.Node("n5"); nd.GetAdmin() != cmActive {
 		t.Fatalf("n5 registered after being forgotten: %v", nd)
 	}
 }
@@ -521,7 +519,7 @@ func TestClusterMapCreateTable(t *testing.T) {
 			// under the table's name whatever the command's entries say;
 			// version +1 for the whole creation.
 			name: "new table",
-			cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{
+			cmd: cmCmd{CmdCreateTableV2, &shardpb.MetaCreateTable{
 				Spec: &shardpb.TableSpec{Name: "u", Dim: 8, Shards: 3, Replicas: 2, Optimizer: "adam"},
 				Shards: []*shardpb.ShardMap{
 					{Table: "u", Shard: 0, Replicas: []string{"n1", "n2"}},
@@ -564,7 +562,7 @@ func TestClusterMapCreateTable(t *testing.T) {
 		{
 			// Fewer shard entries than spec.Shards: refused.
 			name: "too few entries",
-			cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{
+			cmd: cmCmd{CmdCreateTableV2, &shardpb.MetaCreateTable{
 				Spec:   &shardpb.TableSpec{Name: "u", Dim: 4, Shards: 3, Replicas: 1},
 				Shards: []*shardpb.ShardMap{{Shard: 0, Replicas: []string{"n1"}}, {Shard: 1, Replicas: []string{"n2"}}},
 			}},
@@ -573,7 +571,7 @@ func TestClusterMapCreateTable(t *testing.T) {
 		{
 			// More shard entries than spec.Shards: refused.
 			name: "too many entries",
-			cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{
+			cmd: cmCmd{CmdCreateTableV2, &shardpb.MetaCreateTable{
 				Spec:   &shardpb.TableSpec{Name: "u", Dim: 4, Shards: 1, Replicas: 1},
 				Shards: []*shardpb.ShardMap{{Shard: 0, Replicas: []string{"n1"}}, {Shard: 1, Replicas: []string{"n2"}}},
 			}},
@@ -582,14 +580,14 @@ func TestClusterMapCreateTable(t *testing.T) {
 		{
 			// An existing name with a wrong count: refused all the same.
 			name: "exists, wrong count",
-			cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{
+			cmd: cmCmd{CmdCreateTableV2, &shardpb.MetaCreateTable{
 				Spec: &shardpb.TableSpec{Name: "t", Dim: 4, Shards: 2, Replicas: 1},
 			}},
 			want: api.ErrBadRequest,
 		},
 		{
 			// No spec: refused.
-			name: "no spec", cmd: cmCmd{metaCreateTableV2, &shardpb.MetaCreateTable{}}, want: api.ErrBadRequest,
+			name: "no spec", cmd: cmCmd{CmdCreateTableV2, &shardpb.MetaCreateTable{}}, want: api.ErrBadRequest,
 		},
 	})
 }
@@ -684,305 +682,8 @@ func TestClusterMapSetShard(t *testing.T) {
 		{
 			// A table created by the old command (no placement): unknown shard.
 			name:  "table without map",
-			setup: []cmCmd{{metaCreateTable, &shardpb.TableSpec{Name: "old", Dim: 4, Shards: 1, Replicas: 1}}},
+			setup: []cmCmd{{CmdCreateTable, &shardpb.TableSpec{Name: "old", Dim: 4, Shards: 1, Replicas: 1}}},
 			cmd:   cmSetShard("old", 0, 0, "", "n1"), want: api.ErrUnknownShard,
 		},
 	})
-}
-
-// cmState builds a state with every kind of content: tables with and without
-// map entries, jobs, nodes in every admin state, entries at several epochs
-// with a node being added, a forgotten node.
-func cmState(t *testing.T, l *metaLog) {
-	t.Helper()
-	cmMustApply(t, l, cmBase...)
-	cmMustApply(t, l,
-		cmCmd{metaCreateTable, &shardpb.TableSpec{Name: "legacy", Dim: 2, Shards: 1, Replicas: 1}},
-		cmRegister("n5", "a5", ""),
-		cmRegister("n6", "a6", "g6"),
-		cmCreate("u", 2, []string{"n1", "n5"}, []string{"n5", "n6"}, []string{"n6", "n1"}),
-		cmAdmin("n2", cmDraining),
-		cmSetShard("t", 0, 1, "n4", "n1", "n2", "n3"),
-		cmSetShard("t", 0, 2, "", "n1", "n3", "n4"),
-		cmSetShard("t", 1, 1, "n5", "n3", "n4"),
-		cmAdmin("n6", cmRemoved),
-		cmRegister("n7", "a7", "g7"),
-		cmAdmin("n7", cmRemoved),
-		cmForget("n7"),
-		cmRegister("n1", "a1", "g1b"),
-	)
-	l.mustJoin("train", 2, -1, "h0:1", 0, 1)
-	l.mustJoin("train", 2, -1, "h1:1", 1, 1)
-	l.mustJoin("eval", 3, 1, "h9:1", 1, 1)
-	// A few refusals, which must not show.
-	for _, c := range []cmCmd{cmForget("n6"), cmAdmin("n6", cmActive), cmSetShard("u", 0, 7, "", "n1")} {
-		if _, ok := l.apply(c.cmd, c.arg).(error); !ok {
-			t.Fatalf("%v accepted", c.arg)
-		}
-	}
-}
-
-// TestClusterMapSnapshotRoundTrip: a format 3 snapshot restores tables, jobs,
-// nodes, shard entries and the map version exactly, replacing what the
-// restoring FSM held; the restored FSM snapshots to the same bytes and goes
-// on applying commands exactly like the original.
-func TestClusterMapSnapshotRoundTrip(t *testing.T) {
-	l := newMetaLog(t)
-	cmState(t, l)
-	want := l.m.clusterMap()
-	if want.Version != cmBaseVersion+13 || len(want.Nodes) != 6 || len(want.Shards) != 5 || len(want.Tables) != 3 {
-		t.Fatalf("unexpected state to snapshot: %v", want)
-	}
-	b := snapshotBytes(t, l.m)
-	if binary.LittleEndian.Uint32(b) != metaSnapshotMarker || binary.LittleEndian.Uint32(b[4:]) != 3 {
-		t.Fatalf("snapshot header % x, want the marker and format 3", b[:8])
-	}
-
-	changes := 0
-	r := cmLog(t, &changes)
-	// Whatever the restoring FSM held is replaced, not merged.
-	cmMustApply(t, r, cmRegister("stale", "as", "gs"), cmCreate("stale", 1, []string{"stale"}))
-	r.mustJoin("stalejob", 1, -1, "x", 0, 1)
-	if err := restore(r.m, b); err != nil {
-		t.Fatal(err)
-	}
-	if changes != 3 { // two applied commands, the restore
-		t.Errorf("onChange called %d times, want 3", changes)
-	}
-	if got := r.m.clusterMap(); !proto.Equal(got, want) {
-		t.Fatalf("restored map\n got %v\nwant %v", got, want)
-	}
-	if r.m.version() != want.Version {
-		t.Fatalf("restored version %d, want %d", r.m.version(), want.Version)
-	}
-	for _, pair := range []struct{ got, want []proto.Message }{
-		{msgs(r.m.list()), msgs(l.m.list())},
-		{msgs(r.m.jobList()), msgs(l.m.jobList())},
-	} {
-		if len(pair.got) != len(pair.want) {
-			t.Fatalf("restored %v, want %v", pair.got, pair.want)
-		}
-		for i := range pair.got {
-			if !proto.Equal(pair.got[i], pair.want[i]) {
-				t.Fatalf("restored %v, want %v", pair.got[i], pair.want[i])
-			}
-		}
-	}
-	if !bytes.Equal(snapshotBytes(t, r.m), b) {
-		t.Fatal("the restored FSM snapshots to other bytes")
-	}
-
-	// Both go on identically: accepted and refused commands alike.
-	r.index = l.index
-	for _, c := range []cmCmd{
-		cmSetShard("t", 0, 3, "", "n1", "n3", "n4", "n2"), // t/0 is at epoch 3
-		cmSetShard("t", 0, 3, "", "n1"),                   // now stale
-		cmRegister("n1", "a1", "g1b"),                     // unchanged
-		cmRegister("n6", "a6", "g6"),                      // removed
-		cmRegister("n7", "a7", "g7"),                      // forgotten: new again
-		cmAdmin("n2", cmActive),
-		cmForget("n6"), // still holds u/1 and u/2
-		cmSetShard("u", 1, 1, "", "n5"),
-		cmSetShard("u", 2, 1, "", "n1"),
-		cmForget("n6"),
-		cmCreate("u", 1, []string{"n1"}),
-	} {
-		ol, or := l.apply(c.cmd, c.arg), r.apply(c.cmd, c.arg)
-		if !cmSameOutcome(ol, or) {
-			t.Fatalf("%v: %v on the original, %v on the restored", c.arg, ol, or)
-		}
-	}
-	if cm := l.m.clusterMap(); !proto.Equal(cm, r.m.clusterMap()) || cmNode(cm, "n6") != nil || cmNode(cm, "n7") == nil {
-		t.Fatalf("after more commands: original %v, restored %v", cm, r.m.clusterMap())
-	}
-	if !bytes.Equal(snapshotBytes(t, l.m), snapshotBytes(t, r.m)) {
-		t.Fatal("after more commands, the snapshots differ")
-	}
-}
-
-// TestClusterMapRestoreFormat2: a snapshot from before the cluster map
-// (marker, format 2, a MetaSnapshot with tables and jobs only) restores the
-// tables and jobs and an empty map at version 0; map commands then work from
-// there.
-func TestClusterMapRestoreFormat2(t *testing.T) {
-	old := &shardpb.MetaSnapshot{
-		Tables: []*shardpb.TableSpec{{Name: "a", Dim: 4, Shards: 2, Replicas: 3}, {Name: "b", Dim: 8, Shards: 1, Replicas: 1}},
-		Jobs:   []*shardpb.Job{{Name: "j", World: 2, Round: 3, Members: []*shardpb.JobMember{{Rank: 1, Addr: "h1"}}}},
-	}
-	b := binary.LittleEndian.AppendUint32(nil, metaSnapshotMarker)
-	b = binary.LittleEndian.AppendUint32(b, 2)
-	b, err := deterministic.MarshalAppend(b, old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newMetaLog(t)
-	cmState(t, l) // a full map, which the restore must clear
-	if err := restore(l.m, b); err != nil {
-		t.Fatal(err)
-	}
-	want := &shardpb.ClusterMap{Tables: old.Tables}
-	if got := l.m.clusterMap(); !proto.Equal(got, want) {
-		t.Fatalf("restored map\n got %v\nwant %v", got, want)
-	}
-	if jobs := l.m.jobList(); len(jobs) != 1 || !proto.Equal(jobs[0], old.Jobs[0]) {
-		t.Fatalf("restored jobs %v, want %v", jobs, old.Jobs)
-	}
-	// The tables have no entries; nodes can register from version 0.
-	if err, _ := l.apply(metaSetShard, &shardpb.MetaSetShard{Table: "a", Shard: 0, ExpectEpoch: 1, Replicas: []string{"n1"}}).(error); !errors.Is(err, api.ErrUnknownShard) {
-		t.Fatalf("changing a table without entries: %v, want api.ErrUnknownShard", err)
-	}
-	cmMustApply(t, l, cmRegister("n1", "a1", "g1"))
-	if v := l.m.version(); v != 1 {
-		t.Fatalf("version %d after one registration, want 1", v)
-	}
-	// Snapshotting again writes format 3, which restores the same.
-	b3 := snapshotBytes(t, l.m)
-	if binary.LittleEndian.Uint32(b3[4:]) != 3 {
-		t.Fatal("not format 3")
-	}
-	m := newMetaFSM(func() {})
-	if err := restore(m, b3); err != nil || !proto.Equal(m.clusterMap(), l.m.clusterMap()) {
-		t.Fatalf("format 3 after format 2: %v, %v", err, m.clusterMap())
-	}
-}
-
-// TestClusterMapSnapshotDeterministic: two FSMs that applied the same
-// commands in the same order write identical snapshot bytes, whatever order
-// their maps iterate in.
-func TestClusterMapSnapshotDeterministic(t *testing.T) {
-	var snaps [][]byte
-	for range 5 {
-		l := newMetaLog(t)
-		cmState(t, l)
-		snaps = append(snaps, snapshotBytes(t, l.m))
-	}
-	for i := 1; i < len(snaps); i++ {
-		if !bytes.Equal(snaps[0], snaps[i]) {
-			t.Fatalf("snapshot %d differs from snapshot 0", i)
-		}
-	}
-}
-
-// cmSameOutcome reports whether two Apply results agree on what must be the same on every
-// replica: the sentinel a refusal wraps, or the answer.
-func cmSameOutcome(a, b any) bool {
-	ea, aerr := a.(error)
-	eb, berr := b.(error)
-	if aerr || berr {
-		return aerr && berr && cmSentinel(ea) == cmSentinel(eb)
-	}
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return proto.Equal(a.(proto.Message), b.(proto.Message))
-}
-
-func cmSentinel(err error) string {
-	for _, s := range []error{api.ErrBadRequest, api.ErrNodeConflict, api.ErrUnknownNode, api.ErrUnknownShard, api.ErrEpochChanged, store.ErrTableExists} {
-		if errors.Is(err, s) {
-			return s.Error()
-		}
-	}
-	return "other: " + err.Error()
-}
-
-// TestClusterMapApplyDeterministic: replicas fed the same random sequence of
-// map commands, many of them refused, answer the same to each and end with
-// identical maps and snapshot bytes; so does a replica that joins halfway by
-// restoring a snapshot.
-func TestClusterMapApplyDeterministic(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	a, b := newMetaLog(t), newMetaLog(t)
-	var c *metaLog
-	ids := []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "nx"}
-	pick := func() string { return ids[rng.IntN(len(ids))] }
-	refused, accepted := 0, 0
-	for i := range 3000 {
-		var cmd cmCmd
-		switch k := rng.IntN(20); {
-		case k < 5:
-			cmd = cmRegister(pick(), fmt.Sprintf("a%d", rng.IntN(7)), fmt.Sprintf("g%d", rng.IntN(2)))
-		case k < 8:
-			cmd = cmAdmin(pick(), shardpb.NodeAdmin(rng.IntN(3)))
-		case k < 10:
-			cmd = cmForget(pick())
-		case k < 11:
-			var placement [][]string
-			for range 1 + rng.IntN(3) {
-				placement = append(placement, []string{pick(), pick()})
-			}
-			cc := cmCreate(fmt.Sprintf("t%d", rng.IntN(6)), 2, placement...)
-			if rng.IntN(10) == 0 { // a malformed one now and then
-				cc.arg.(*shardpb.MetaCreateTable).Spec.Shards++
-			}
-			cmd = cc
-		default:
-			table, shard := fmt.Sprintf("t%d", rng.IntN(6)), uint32(rng.IntN(3))
-			// Mostly the current epoch, as a scheduler would, sometimes a stale one.
-			epoch := a.m.shardMap(table, shard).GetEpoch()
-			if rng.IntN(4) == 0 {
-				epoch = uint64(rng.IntN(4))
-			}
-			var replicas []string
-			for range rng.IntN(4) {
-				replicas = append(replicas, pick())
-			}
-			adding := ""
-			if rng.IntN(3) == 0 {
-				adding = pick()
-			}
-			cmd = cmSetShard(table, shard, epoch, adding, replicas...)
-		}
-		outs := []any{a.apply(cmd.cmd, cmd.arg), b.apply(cmd.cmd, cmd.arg)}
-		if c != nil {
-			outs = append(outs, c.apply(cmd.cmd, cmd.arg))
-		}
-		for _, o := range outs[1:] {
-			if !cmSameOutcome(outs[0], o) {
-				t.Fatalf("command %d %v: %v on one replica, %v on another", i, cmd.arg, outs[0], o)
-			}
-		}
-		if _, ok := outs[0].(error); ok {
-			refused++
-		} else {
-			accepted++
-		}
-		if i == 1500 {
-			c = newMetaLog(t)
-			if err := restore(c.m, snapshotBytes(t, a.m)); err != nil {
-				t.Fatal(err)
-			}
-			c.index = a.index
-		}
-	}
-	t.Logf("%d commands accepted, %d refused; map version %d", accepted, refused, a.m.version())
-	if refused < 300 || accepted < 300 {
-		t.Fatalf("%d accepted, %d refused: the sequence does not exercise both", accepted, refused)
-	}
-	want := a.m.clusterMap()
-	for _, r := range []*metaLog{b, c} {
-		if got := r.m.clusterMap(); !proto.Equal(got, want) {
-			t.Fatalf("maps differ:\n%v\n%v", got, want)
-		}
-	}
-	sa := snapshotBytes(t, a.m)
-	if !bytes.Equal(sa, snapshotBytes(t, b.m)) || !bytes.Equal(sa, snapshotBytes(t, c.m)) {
-		t.Fatal("replicas that applied the same log have different snapshots")
-	}
-	// Invariants of the map itself.
-	for _, sm := range want.Shards {
-		if sm.Epoch < 1 || len(sm.Replicas) == 0 {
-			t.Fatalf("entry %v", sm)
-		}
-		if spec := cmTable(want, sm.Table); spec == nil || sm.Shard >= spec.Shards {
-			t.Fatalf("entry %v of no table shard", sm)
-		}
-	}
-	addrs := map[string]string{}
-	for _, nd := range want.Nodes {
-		if o, ok := addrs[nd.Addr]; ok {
-			t.Fatalf("nodes %s and %s both at %s", o, nd.Id, nd.Addr)
-		}
-		addrs[nd.Addr] = nd.Id
-	}
 }

@@ -1,4 +1,4 @@
-package shard
+package membership
 
 import (
 	"encoding/json"
@@ -12,41 +12,41 @@ import (
 )
 
 func TestMembershipEvents(t *testing.T) {
-	m := &membership{
+	m := &Membership{
 		self:    nodeMeta{ID: "n1", Addr: "127.0.0.1:7001"},
-		peers:   []Peer{{ID: "n1", PeerAddr: "127.0.0.1:9001"}, {ID: "n2", PeerAddr: "127.0.0.1:9002"}, {ID: "n3", PeerAddr: "127.0.0.1:9003"}},
+		expect:  []string{"n1", "n2", "n3"},
 		log:     hclog.NewNullLogger(),
-		members: map[string]*MemberInfo{},
+		members: map[string]*Member{},
 		lastAck: map[string]time.Time{},
 	}
 	node := func(id, addr string) *memberlist.Node {
 		meta, _ := json.Marshal(nodeMeta{ID: id, Addr: addr})
 		return &memberlist.Node{Name: id, Meta: meta}
 	}
-	states := func() map[string]MemberInfo {
-		out := map[string]MemberInfo{}
+	states := func() map[string]Member {
+		out := map[string]Member{}
 		for _, mi := range m.Members() {
 			out[mi.ID] = mi
 		}
 		return out
 	}
 	ev := eventDelegate{m}
-	// Peers never heard from are dead, their client address unknown (the
-	// peer list names peer addresses).
-	if s := states(); len(s) != 3 || s["n2"].State != StateDead || s["n2"].Addr != "" {
+	// Expected nodes never heard from are dead, their client address
+	// unknown (a node's peer list names peer addresses).
+	if s := states(); len(s) != 3 || s["n2"].State != Dead || s["n2"].Addr != "" {
 		t.Fatalf("before any event: %v", s)
 	}
 	ev.NotifyJoin(node("n1", "127.0.0.1:7001"))
 	ev.NotifyJoin(node("n2", "127.0.0.1:7002"))
-	if s := states(); s["n1"].State != StateAlive || s["n2"].State != StateAlive || s["n3"].State != StateDead {
+	if s := states(); s["n1"].State != Alive || s["n2"].State != Alive || s["n3"].State != Dead {
 		t.Fatalf("after joins: %v", s)
 	}
 	ev.NotifyLeave(node("n2", "127.0.0.1:7002"))
-	if s := states(); s["n2"].State != StateDead || s["n2"].Addr != "127.0.0.1:7002" {
+	if s := states(); s["n2"].State != Dead || s["n2"].Addr != "127.0.0.1:7002" {
 		t.Fatalf("after leave: %v", s)
 	}
 	ev.NotifyUpdate(node("n2", "127.0.0.1:7012"))
-	if s := states(); s["n2"].State != StateAlive || s["n2"].Addr != "127.0.0.1:7012" {
+	if s := states(); s["n2"].State != Alive || s["n2"].Addr != "127.0.0.1:7012" {
 		t.Fatalf("after update: %v", s)
 	}
 	// A node that leaves this node's probes unanswered too long is suspect
@@ -55,28 +55,15 @@ func TestMembershipEvents(t *testing.T) {
 	m.lastAck["n2"] = time.Now().Add(-time.Second)
 	m.lastAck["n3"] = time.Now()
 	ev.NotifyJoin(node("n3", "127.0.0.1:7003"))
-	if s := states(); s["n2"].State != StateSuspect || s["n3"].State != StateAlive || s["n1"].State != StateAlive {
+	if s := states(); s["n2"].State != Suspect || s["n3"].State != Alive || s["n1"].State != Alive {
 		t.Fatalf("n2 silent for 1s: %v", s)
 	}
 	ev.NotifyLeave(node("n3", "127.0.0.1:7003"))
 	m.probe = 0
 	// A node outside the peer list (the elastic cluster to come) is listed.
 	ev.NotifyJoin(node("n4", "127.0.0.1:7004"))
-	if got := m.Members(); len(got) != 4 || got[3].ID != "n4" || got[3].State != StateAlive || got[2].State != StateDead {
+	if got := m.Members(); len(got) != 4 || got[3].ID != "n4" || got[3].State != Alive || got[2].State != Dead {
 		t.Fatalf("after n4 joins: %v", got)
-	}
-}
-
-func TestDefaultGossipAddr(t *testing.T) {
-	for in, want := range map[string]string{"127.0.0.1:7001": "127.0.0.1:8001", "[::1]:9000": "[::1]:10000", "host:1": "host:1001"} {
-		if got, err := DefaultGossipAddr(in); err != nil || got != want {
-			t.Errorf("DefaultGossipAddr(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"127.0.0.1:0", "127.0.0.1:65000", "nohost", "h:x"} {
-		if got, err := DefaultGossipAddr(in); err == nil {
-			t.Errorf("DefaultGossipAddr(%q) = %q, want an error", in, got)
-		}
 	}
 }
 
@@ -96,19 +83,19 @@ func TestMembershipCrash(t *testing.T) {
 	for _, l := range ls {
 		l.Close()
 	}
-	peers := []Peer{{ID: "a", PeerAddr: "127.0.0.1:2001"}, {ID: "b", PeerAddr: "127.0.0.1:2002"}}
-	var ms []*membership
-	for i, p := range peers {
-		cfg := MembershipConfig{Addr: addrs[i], Join: []string{addrs[1-i]},
+	ids := []string{"a", "b"}
+	var ms []*Membership
+	for i, id := range ids {
+		cfg := Config{Addr: addrs[i], Join: []string{addrs[1-i]},
 			ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond,
 			GossipInterval: 20 * time.Millisecond, SuspicionMult: 10, RejoinInterval: 100 * time.Millisecond}
-		m, err := newMembership(cfg, nodeMeta{ID: p.ID, Addr: fmt.Sprintf("127.0.0.1:%d", 7001+i)}, peers, hclog.NewNullLogger())
+		m, err := New(cfg, Local{ID: id, Addr: fmt.Sprintf("127.0.0.1:%d", 7001+i), Expect: ids})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ms = append(ms, m)
 	}
-	defer ms[0].close()
+	defer ms[0].Close()
 	stateOfB := func() string {
 		for _, mi := range ms[0].Members() {
 			if mi.ID == "b" {
@@ -127,13 +114,13 @@ func TestMembershipCrash(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	waitState(StateAlive, 5*time.Second)
+	waitState(Alive, 5*time.Second)
 	// A crash: no Leave.
 	close(ms[1].stop)
 	if err := ms[1].ml.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
 	ms[1].wg.Wait()
-	waitState(StateSuspect, 5*time.Second)
-	waitState(StateDead, 10*time.Second)
+	waitState(Suspect, 5*time.Second)
+	waitState(Dead, 10*time.Second)
 }

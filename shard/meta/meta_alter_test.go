@@ -1,4 +1,4 @@
-package shard
+package meta
 
 import (
 	"errors"
@@ -19,7 +19,7 @@ func TestMetaAlterTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out := l.apply(metaCreateTable, spec); out != spec {
+	if out := l.apply(CmdCreateTable, spec); out != spec {
 		if err, ok := out.(error); ok {
 			t.Fatal(err)
 		}
@@ -29,10 +29,10 @@ func TestMetaAlterTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err, ok := l.apply(metaAlterTable, next).(error); ok {
+	if err, ok := l.apply(CmdAlterTable, next).(error); ok {
 		t.Fatal(err)
 	}
-	got := l.m.table("t")
+	got := l.m.Table("t")
 	if got.Consistency != shardpb.Consistency_CONSISTENCY_BOUNDED || got.StalenessBoundNs != int64(50*time.Millisecond) ||
 		got.HotThreshold != 500 || got.HotReplicas != api.DefaultHotReplicas {
 		t.Fatalf("altered spec %v", got)
@@ -40,15 +40,15 @@ func TestMetaAlterTable(t *testing.T) {
 	// Anything else changed is refused, and changes nothing.
 	worse := proto.Clone(got).(*shardpb.TableSpec)
 	worse.Dim = 8
-	if err, ok := l.apply(metaAlterTable, worse).(error); !ok || !errors.Is(err, store.ErrInvalidConfig) {
+	if err, ok := l.apply(CmdAlterTable, worse).(error); !ok || !errors.Is(err, store.ErrInvalidConfig) {
 		t.Errorf("alter of dim: %v, want ErrInvalidConfig", err)
 	}
-	if !proto.Equal(l.m.table("t"), got) {
+	if !proto.Equal(l.m.Table("t"), got) {
 		t.Error("a refused alter changed the spec")
 	}
 	unknown := proto.Clone(got).(*shardpb.TableSpec)
 	unknown.Name = "u"
-	if err, ok := l.apply(metaAlterTable, unknown).(error); !ok || !errors.Is(err, store.ErrUnknownTable) {
+	if err, ok := l.apply(CmdAlterTable, unknown).(error); !ok || !errors.Is(err, store.ErrUnknownTable) {
 		t.Errorf("alter of an unknown table: %v", err)
 	}
 	// Without a level, the request keeps the table's; hot keys off clears
@@ -61,11 +61,11 @@ func TestMetaAlterTable(t *testing.T) {
 		t.Error("eventual with a bound was accepted")
 	}
 	// The altered spec survives a snapshot.
-	m2 := newMetaFSM(func() {})
+	m2 := New(func() {})
 	if err := restore(m2, snapshotBytes(t, l.m)); err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(m2.table("t"), got) {
-		t.Errorf("after a snapshot: %v, want %v", m2.table("t"), got)
+	if !proto.Equal(m2.Table("t"), got) {
+		t.Errorf("after a snapshot: %v, want %v", m2.Table("t"), got)
 	}
 }

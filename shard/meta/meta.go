@@ -1,4 +1,4 @@
-package shard
+package meta
 
 import (
 	"encoding/binary"
@@ -17,25 +17,28 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Meta commands: a type byte, then the deterministic proto encoding of the
-// argument.
+// Commands: a type byte, then the deterministic proto encoding of the
+// argument (Encode). The values are in every metadata log: they never
+// change.
 const (
-	// metaCreateTable is the command of clusters before the cluster map:
+	// CmdCreateTable is the command of clusters before the cluster map:
 	// the table gets no placement. Still applied, so that old logs replay.
-	metaCreateTable   byte = 1 // a *shardpb.TableSpec
-	metaJoinJob       byte = 2 // a *shardpb.JoinJobRequest
-	metaDeleteJob     byte = 3 // a *shardpb.DeleteJobRequest
-	metaCreateTableV2 byte = 4 // a *shardpb.MetaCreateTable
-	metaRegisterNode  byte = 5 // a *shardpb.ClusterNode
-	metaSetNodeAdmin  byte = 6 // a *shardpb.SetNodeAdminRequest
-	metaForgetNode    byte = 7 // a *shardpb.SetNodeAdminRequest (id only)
-	metaSetShard      byte = 8 // a *shardpb.MetaSetShard
-	metaAlterTable    byte = 9 // a *shardpb.TableSpec: the whole new spec
+	CmdCreateTable   byte = 1 // a *shardpb.TableSpec
+	CmdJoinJob       byte = 2 // a *shardpb.JoinJobRequest
+	CmdDeleteJob     byte = 3 // a *shardpb.DeleteJobRequest
+	CmdCreateTableV2 byte = 4 // a *shardpb.MetaCreateTable
+	CmdRegisterNode  byte = 5 // a *shardpb.ClusterNode
+	CmdSetNodeAdmin  byte = 6 // a *shardpb.SetNodeAdminRequest
+	CmdForgetNode    byte = 7 // a *shardpb.SetNodeAdminRequest (id only)
+	CmdSetShard      byte = 8 // a *shardpb.MetaSetShard
+	CmdAlterTable    byte = 9 // a *shardpb.TableSpec: the whole new spec
 )
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-func encodeMeta(cmd byte, arg proto.Message) ([]byte, error) {
+// Encode makes the log entry of command cmd with argument arg, for the
+// metadata group's leader to propose.
+func Encode(cmd byte, arg proto.Message) ([]byte, error) {
 	b, err := deterministic.Marshal(arg)
 	if err != nil {
 		return nil, fmt.Errorf("meta: encoding command %d: %w", cmd, err)
@@ -43,14 +46,16 @@ func encodeMeta(cmd byte, arg proto.Message) ([]byte, error) {
 	return append([]byte{cmd}, b...), nil
 }
 
-// metaFSM is the metadata group's state machine: the table specs and the
-// trainer jobs, by name.
+// FSM is the metadata group's state machine (a raft.FSM): the table specs
+// and the trainer jobs, by name, and the cluster map.
 //
-// Concurrency: raft calls Apply, Snapshot and Restore one at a time; readers
-// (list, table, job, jobList) take mu. onChange is called after every
-// change of the tables, from the FSM goroutine, and must not block; job
-// changes do not call it, since only tables concern the reconcile loop.
-type metaFSM struct {
+// Concurrency: raft calls Apply, Snapshot, Restore and StoreConfiguration
+// one at a time; readers (Table, List, Job, JobList, the cluster map's
+// readers) take mu and may be called from any goroutine. onChange is called
+// after every change of the tables or the map, from the FSM goroutine, and
+// must not block; job changes do not call it, since only tables and the map
+// concern the reconcile loop.
+type FSM struct {
 	mu     sync.RWMutex // guards tables, jobs and the cluster map
 	tables map[string]*shardpb.TableSpec
 	jobs   map[string]*shardpb.Job // values never modified: see jobs.go
@@ -63,12 +68,18 @@ type metaFSM struct {
 	// processed is the highest log index the FSM is known to have taken
 	// in: the last command applied or configuration stored (both in log
 	// order, by the FSM goroutine), or a barrier that completed. Every
-	// entry up to it is reflected in the state. See metaReadIndex.
+	// entry up to it is reflected in the state. See the node's
+	// metaReadIndex.
 	processed atomic.Uint64
 }
 
-// noteProcessed raises processed to ix.
-func (m *metaFSM) noteProcessed(ix uint64) {
+// Processed returns the highest log index the FSM is known to have taken
+// in: every entry up to it is reflected in what the readers return.
+func (m *FSM) Processed() uint64 { return m.processed.Load() }
+
+// NoteProcessed raises Processed to ix: the node calls it when a barrier at
+// ix completes, since everything before a barrier has been applied.
+func (m *FSM) NoteProcessed(ix uint64) {
 	for {
 		cur := m.processed.Load()
 		if ix <= cur || m.processed.CompareAndSwap(cur, ix) {
@@ -77,16 +88,18 @@ func (m *metaFSM) noteProcessed(ix uint64) {
 	}
 }
 
-// StoreConfiguration makes metaFSM a raft.ConfigurationStore, only so
+// StoreConfiguration makes FSM a raft.ConfigurationStore, only so
 // that processed counts configuration entries too: without it a
-// configuration change as the newest committed entry would leave
-// metaReadIndex waiting for the next command.
-func (m *metaFSM) StoreConfiguration(index uint64, _ raft.Configuration) {
-	m.noteProcessed(index)
+// configuration change as the newest committed entry would leave the
+// node's metaReadIndex waiting for the next command.
+func (m *FSM) StoreConfiguration(index uint64, _ raft.Configuration) {
+	m.NoteProcessed(index)
 }
 
-func newMetaFSM(onChange func()) *metaFSM {
-	return &metaFSM{
+// New returns an empty FSM that calls onChange after every change of the
+// tables or the cluster map (see FSM).
+func New(onChange func()) *FSM {
+	return &FSM{
 		tables: map[string]*shardpb.TableSpec{}, jobs: map[string]*shardpb.Job{},
 		nodes: map[string]*shardpb.ClusterNode{}, shards: map[string]*shardpb.ShardMap{},
 		onChange: onChange,
@@ -96,8 +109,8 @@ func newMetaFSM(onChange func()) *metaFSM {
 // Apply returns, by command: the stored *shardpb.TableSpec, the joiner's
 // *shardpb.JoinJobResponse, nil for a deleted job; or an error. An error
 // changes nothing.
-func (m *metaFSM) Apply(l *raft.Log) any {
-	defer m.noteProcessed(l.Index) // after the change is in place
+func (m *FSM) Apply(l *raft.Log) any {
+	defer m.NoteProcessed(l.Index) // after the change is in place
 	if l.Type != raft.LogCommand {
 		return nil
 	}
@@ -105,30 +118,30 @@ func (m *metaFSM) Apply(l *raft.Log) any {
 		return fmt.Errorf("meta: empty command")
 	}
 	switch cmd, arg := l.Data[0], l.Data[1:]; cmd {
-	case metaCreateTable:
+	case CmdCreateTable:
 		return m.applyCreate(arg)
-	case metaJoinJob:
+	case CmdJoinJob:
 		return m.applyJoin(arg)
-	case metaDeleteJob:
+	case CmdDeleteJob:
 		return m.applyDelete(arg)
-	case metaCreateTableV2:
+	case CmdCreateTableV2:
 		return m.applyCreateV2(arg)
-	case metaRegisterNode:
+	case CmdRegisterNode:
 		return m.applyRegister(arg)
-	case metaSetNodeAdmin:
+	case CmdSetNodeAdmin:
 		return m.applySetAdmin(arg)
-	case metaForgetNode:
+	case CmdForgetNode:
 		return m.applyForget(arg)
-	case metaSetShard:
+	case CmdSetShard:
 		return m.applySetShard(arg)
-	case metaAlterTable:
+	case CmdAlterTable:
 		return m.applyAlter(arg)
 	default:
 		return fmt.Errorf("meta: unknown command %d", cmd)
 	}
 }
 
-func (m *metaFSM) applyCreate(arg []byte) any {
+func (m *FSM) applyCreate(arg []byte) any {
 	spec := &shardpb.TableSpec{}
 	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
@@ -148,7 +161,7 @@ func (m *metaFSM) applyCreate(arg []byte) any {
 // applyAlter replaces a table's spec with one that differs only in what
 // AlterTable may change: checked here, on the state it applies to, so an
 // alter decided on a spec that changed meanwhile cannot slip through.
-func (m *metaFSM) applyAlter(arg []byte) any {
+func (m *FSM) applyAlter(arg []byte) any {
 	spec := &shardpb.TableSpec{}
 	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
@@ -175,12 +188,12 @@ func (m *metaFSM) applyAlter(arg []byte) any {
 	return spec
 }
 
-func (m *metaFSM) applyJoin(arg []byte) any {
+func (m *FSM) applyJoin(arg []byte) any {
 	req := &shardpb.JoinJobRequest{}
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding job join: %w", err)
 	}
-	if err := checkJoinRequest(req); err != nil {
+	if err := CheckJoinRequest(req); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -193,7 +206,7 @@ func (m *metaFSM) applyJoin(arg []byte) any {
 	return &shardpb.JoinJobResponse{Rank: rank, Round: j.Round}
 }
 
-func (m *metaFSM) applyDelete(arg []byte) any {
+func (m *FSM) applyDelete(arg []byte) any {
 	req := &shardpb.DeleteJobRequest{}
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding job deletion: %w", err)
@@ -207,15 +220,15 @@ func (m *metaFSM) applyDelete(arg []byte) any {
 	return nil
 }
 
-// job returns the named job (not to be modified) or nil.
-func (m *metaFSM) job(name string) *shardpb.Job {
+// Job returns the named job (not to be modified) or nil.
+func (m *FSM) Job(name string) *shardpb.Job {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.jobs[name]
 }
 
-// jobList returns the jobs sorted by name.
-func (m *metaFSM) jobList() []*shardpb.Job {
+// JobList returns the jobs sorted by name.
+func (m *FSM) JobList() []*shardpb.Job {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return sortedByName(m.jobs, (*shardpb.Job).GetName)
@@ -230,15 +243,15 @@ func sortedByName[V any](byName map[string]V, name func(V) string) []V {
 	return out
 }
 
-// table returns the named spec (not to be modified) or nil.
-func (m *metaFSM) table(name string) *shardpb.TableSpec {
+// Table returns the named spec (not to be modified) or nil.
+func (m *FSM) Table(name string) *shardpb.TableSpec {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.tables[name]
 }
 
-// list returns the specs sorted by name.
-func (m *metaFSM) list() []*shardpb.TableSpec {
+// List returns the specs sorted by name.
+func (m *FSM) List() []*shardpb.TableSpec {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return sortedByName(m.tables, (*shardpb.TableSpec).GetName)
@@ -246,41 +259,41 @@ func (m *metaFSM) list() []*shardpb.TableSpec {
 
 // Snapshot formats. Format 1, written before the job registry existed: the
 // table count u32, then per table in name order its length u32 and spec.
-// Format 2: metaSnapshotMarker u32, the format u32, then a
+// Format 2: snapshotMarker u32, the format u32, then a
 // shardpb.MetaSnapshot with tables and jobs; format 3 is the same with the
 // cluster map too. Restore reads all three. The marker cannot begin a format 1
 // snapshot: 2^32-1 tables of at least 4 bytes each are far more than the
 // 256 MiB Restore reads.
 const (
-	metaSnapshotMarker  = 0xFFFFFFFF
-	metaSnapshotFormat  = 3
-	maxMetaSnapshotSize = 256 << 20
+	snapshotMarker  = 0xFFFFFFFF
+	snapshotFormat  = 3
+	maxSnapshotSize = 256 << 20
 )
 
 // Snapshot writes format 3. The tables and jobs are taken under one lock, so
 // they are of the same applied index.
-func (m *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
+func (m *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	m.mu.RLock()
 	state := &shardpb.MetaSnapshot{
 		Tables:     sortedByName(m.tables, (*shardpb.TableSpec).GetName),
 		Jobs:       sortedByName(m.jobs, (*shardpb.Job).GetName),
 		Nodes:      sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
-		Shards:     sortedByName(m.shards, shardMapKey),
+		Shards:     sortedByName(m.shards, ShardMapKey),
 		MapVersion: m.mapVersion,
 	}
 	m.mu.RUnlock()
-	b := binary.LittleEndian.AppendUint32(nil, metaSnapshotMarker)
-	b = binary.LittleEndian.AppendUint32(b, metaSnapshotFormat)
+	b := binary.LittleEndian.AppendUint32(nil, snapshotMarker)
+	b = binary.LittleEndian.AppendUint32(b, snapshotFormat)
 	b, err := deterministic.MarshalAppend(b, state)
 	if err != nil {
 		return nil, fmt.Errorf("meta: encoding snapshot: %w", err)
 	}
-	return metaSnapshot(b), nil
+	return fsmSnapshot(b), nil
 }
 
-type metaSnapshot []byte
+type fsmSnapshot []byte
 
-func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
+func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	if _, err := sink.Write(s); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("meta: persisting snapshot: %w", err)
@@ -288,11 +301,11 @@ func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
 	return sink.Close()
 }
 
-func (metaSnapshot) Release() {}
+func (fsmSnapshot) Release() {}
 
-func (m *metaFSM) Restore(rc io.ReadCloser) error {
+func (m *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, maxMetaSnapshotSize))
+	b, err := io.ReadAll(io.LimitReader(rc, maxSnapshotSize))
 	if err != nil {
 		return fmt.Errorf("meta: reading snapshot: %w", err)
 	}
@@ -301,12 +314,12 @@ func (m *metaFSM) Restore(rc io.ReadCloser) error {
 	nodes := map[string]*shardpb.ClusterNode{}
 	shards := map[string]*shardpb.ShardMap{}
 	var version uint64
-	if len(b) >= 4 && binary.LittleEndian.Uint32(b) == metaSnapshotMarker {
+	if len(b) >= 4 && binary.LittleEndian.Uint32(b) == snapshotMarker {
 		if len(b) < 8 {
 			return fmt.Errorf("meta: %w: snapshot header truncated", store.ErrCorruptSnapshot)
 		}
-		if f := binary.LittleEndian.Uint32(b[4:]); f != 2 && f != metaSnapshotFormat {
-			return fmt.Errorf("meta: %w: snapshot format %d, this node reads formats 1 to %d", store.ErrSnapshotVersion, f, metaSnapshotFormat)
+		if f := binary.LittleEndian.Uint32(b[4:]); f != 2 && f != snapshotFormat {
+			return fmt.Errorf("meta: %w: snapshot format %d, this node reads formats 1 to %d", store.ErrSnapshotVersion, f, snapshotFormat)
 		}
 		state := &shardpb.MetaSnapshot{}
 		if err := proto.Unmarshal(b[8:], state); err != nil {
@@ -323,7 +336,7 @@ func (m *metaFSM) Restore(rc io.ReadCloser) error {
 			nodes[nd.Id] = nd
 		}
 		for _, sm := range state.Shards {
-			shards[shardMapKey(sm)] = sm
+			shards[ShardMapKey(sm)] = sm
 		}
 		version = state.MapVersion
 	} else if tables, err = restoreTablesV1(b); err != nil {

@@ -1,65 +1,39 @@
-package shard
+package netfault
 
 import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
-)
 
-// acceptAll listens on a loopback port and takes every connection, never
-// reading from it (as a frozen process does: the kernel completes the
-// handshake); the channel gets each one taken, while it has room.
-func acceptAll(t *testing.T) (string, <-chan net.Conn) {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	accepted := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-			select {
-			case accepted <- c:
-			default:
-			}
-		}
-	}()
-	return lis.Addr().String(), accepted
-}
+	"github.com/raftps/raftps/shard/internal/loopback"
+)
 
 // TestNetFaultBlocksAndHeals: a connection open to a peer is closed when the
 // peer is blocked, a new dial hangs until its deadline (as a connect into a
 // partition does), and after healing dials work again. Peers not blocked
 // are untouched throughout.
 func TestNetFaultBlocksAndHeals(t *testing.T) {
-	a, aIn := acceptAll(t)
-	b, _ := acceptAll(t)
-	f := newNetFault()
+	a, aIn := loopback.AcceptAll(t)
+	b, _ := loopback.AcceptAll(t)
+	f := New()
 	ctx := context.Background()
-	ca, err := f.dial(ctx, a)
+	ca, err := f.Dial(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb, err := f.dial(ctx, b)
+	cb, err := f.Dial(ctx, b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	peerSide := <-aIn
 
-	f.set([]string{a})
+	f.Block([]string{a})
 	// The open connection to a is closed: a sees EOF, our side fails.
 	peerSide.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := peerSide.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
@@ -76,15 +50,15 @@ func TestNetFaultBlocksAndHeals(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := f.dial(dctx, a); !errors.Is(err, errBlackholed) {
-		t.Fatalf("dial to a blocked peer: %v, want errBlackholed", err)
+	if _, err := f.Dial(dctx, a); !errors.Is(err, ErrBlackholed) {
+		t.Fatalf("dial to a blocked peer: %v, want ErrBlackholed", err)
 	}
 	if time.Since(start) < 150*time.Millisecond {
 		t.Fatal("dial to a blocked peer failed at once; a partition makes it hang")
 	}
 
-	f.set(nil)
-	c, err := f.dial(ctx, a)
+	f.Block(nil)
+	c, err := f.Dial(ctx, a)
 	if err != nil {
 		t.Fatalf("dial after healing: %v", err)
 	}
@@ -94,8 +68,8 @@ func TestNetFaultBlocksAndHeals(t *testing.T) {
 // TestNetFaultHTTP: the endpoint replaces the blocked set, shows it, and
 // refuses addresses that are not host:port without changing anything.
 func TestNetFaultHTTP(t *testing.T) {
-	f := newNetFault()
-	srv := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
+	f := New()
+	srv := httptest.NewServer(f)
 	defer srv.Close()
 	post := func(block string) (int, string) {
 		resp, err := http.PostForm(srv.URL, url.Values{"block": {block}})
@@ -112,10 +86,10 @@ func TestNetFaultHTTP(t *testing.T) {
 	if code, body := post("127.0.0.1:3,nonsense"); code != 400 || !strings.Contains(body, "nonsense") {
 		t.Fatalf("POST with a bad address: %d %s, want 400 naming it", code, body)
 	}
-	if !f.isBlocked("127.0.0.1:1") || f.isBlocked("127.0.0.1:3") {
-		t.Fatalf("a refused request changed the blocked set: %v", f.list())
+	if !f.Blocked("127.0.0.1:1") || f.Blocked("127.0.0.1:3") {
+		t.Fatalf("a refused request changed the blocked set: %v", f.BlockedList())
 	}
-	if code, _ := post(""); code != 200 || len(f.list()) != 0 {
-		t.Fatalf("POST block= should clear the set: %d %v", code, f.list())
+	if code, _ := post(""); code != 200 || len(f.BlockedList()) != 0 {
+		t.Fatalf("POST block= should clear the set: %d %v", code, f.BlockedList())
 	}
 }

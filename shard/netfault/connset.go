@@ -1,28 +1,29 @@
-package shard
+package netfault
 
 import (
 	"net"
 	"sync"
 )
 
-// connSet holds open connections, each with the address it was dialed to,
+// ConnSet holds open connections, each with the address it was dialed to,
 // so that they can be closed together: the fault injection closes those to
 // newly blocked peers, the gossip transport all of its own at shutdown.
+// The zero value is an empty set.
 //
 // Concurrency: safe for concurrent use. A connection leaves the set when it
 // is closed. A dialer that must not keep a connection once some condition
 // holds (the peer blocked, the transport shut down) adds it first and checks
 // the condition after: whoever sets the condition before closing the set's
 // connections then either finds it in the set or is seen by that check.
-type connSet struct {
+type ConnSet struct {
 	mu    sync.Mutex
 	conns map[*setConn]struct{}
 }
 
-// setConn is a connection of a connSet.
+// setConn is a connection of a ConnSet.
 type setConn struct {
 	net.Conn
-	s    *connSet
+	s    *ConnSet
 	addr string
 	once sync.Once
 }
@@ -36,9 +37,9 @@ func (c *setConn) Close() error {
 	return c.Conn.Close()
 }
 
-// add puts c, dialed to addr, in the set and returns the connection to use
-// in its place.
-func (s *connSet) add(c net.Conn, addr string) *setConn {
+// Add puts c, dialed to addr, in the set and returns the connection to use
+// in its place (closing it takes it out of the set).
+func (s *ConnSet) Add(c net.Conn, addr string) net.Conn {
 	sc := &setConn{Conn: c, s: s, addr: addr}
 	s.mu.Lock()
 	if s.conns == nil {
@@ -49,9 +50,9 @@ func (s *connSet) add(c net.Conn, addr string) *setConn {
 	return sc
 }
 
-// closeWhere closes the connections whose address match accepts (every
+// CloseWhere closes the connections whose address match accepts (every
 // connection if match is nil).
-func (s *connSet) closeWhere(match func(addr string) bool) {
+func (s *ConnSet) CloseWhere(match func(addr string) bool) {
 	s.mu.Lock()
 	var drop []*setConn
 	for c := range s.conns {

@@ -1,4 +1,4 @@
-package shard
+package meta
 
 import (
 	"fmt"
@@ -15,23 +15,25 @@ import (
 // admin state) and, for every shard, its replica set, the node being added
 // to it, and an epoch. It changes only through metadata commands, applied in
 // log order on every metadata replica, so every node that has applied index
-// i has the same map. The scheduler (scheduler.go) decides the changes; the
-// shard groups carry them out (reconfigure.go).
+// i has the same map. The node's scheduler (shard/scheduler.go) decides the
+// changes; the shard groups carry them out (shard/reconfigure.go).
 //
 // Epoch rules: a shard's entry starts at epoch 1 when its table is created
 // and every change (replica set, order, node being added) adds 1, through
-// metaSetShard's compare-and-set on the epoch, so two schedulers (an old
+// CmdSetShard's compare-and-set on the epoch, so two schedulers (an old
 // metadata leader that has not noticed it lost leadership, and the new one)
 // can never both apply a change decided from the same state. Epoch 1 also
 // means "as created": only then may a replica bootstrap the group.
 //
 // For a chain table the entry's replica list is the chain's order, head
-// first, and its epoch the chain's epoch: see chainsched.go for the only
+// first, and its epoch the chain's epoch: see shard/chainsched.go for the only
 // changes the scheduler makes to a chain's order.
 
-func shardMapKey(sm *shardpb.ShardMap) string { return api.GroupID(sm.Table, sm.Shard) }
+// ShardMapKey is the key of a shard's entry: its group ID.
+func ShardMapKey(sm *shardpb.ShardMap) string { return api.GroupID(sm.Table, sm.Shard) }
 
-func adminName(a shardpb.NodeAdmin) string {
+// AdminName is how an admin state is shown: active, draining or removed.
+func AdminName(a shardpb.NodeAdmin) string {
 	switch a {
 	case shardpb.NodeAdmin_NODE_DRAINING:
 		return "draining"
@@ -41,11 +43,11 @@ func adminName(a shardpb.NodeAdmin) string {
 	return "active"
 }
 
-func (m *metaFSM) changed() {
+func (m *FSM) changed() {
 	m.mapVersion++
 }
 
-func (m *metaFSM) applyCreateV2(arg []byte) any {
+func (m *FSM) applyCreateV2(arg []byte) any {
 	c := &shardpb.MetaCreateTable{}
 	if err := proto.Unmarshal(arg, c); err != nil {
 		return fmt.Errorf("meta: decoding table creation: %w", err)
@@ -76,7 +78,7 @@ func (m *metaFSM) applyCreateV2(arg []byte) any {
 	m.tables[spec.Name] = spec
 	for _, sm := range c.Shards {
 		sm.Table, sm.Epoch = spec.Name, 1
-		m.shards[shardMapKey(sm)] = sm
+		m.shards[ShardMapKey(sm)] = sm
 	}
 	m.changed()
 	m.mu.Unlock()
@@ -84,7 +86,7 @@ func (m *metaFSM) applyCreateV2(arg []byte) any {
 	return spec
 }
 
-func (m *metaFSM) applyRegister(arg []byte) any {
+func (m *FSM) applyRegister(arg []byte) any {
 	nd := &shardpb.ClusterNode{}
 	if err := proto.Unmarshal(arg, nd); err != nil {
 		return fmt.Errorf("meta: decoding node: %w", err)
@@ -93,7 +95,8 @@ func (m *metaFSM) applyRegister(arg []byte) any {
 		return fmt.Errorf("%w: node registration needs an ID, a client address and a peer address", api.ErrBadRequest)
 	}
 	m.mu.Lock()
-	for _, o := range m.nodes {
+	// Sorted, so every replica returns the same error text.
+	for _, o := range sortedByName(m.nodes, (*shardpb.ClusterNode).GetId) {
 		if o.Id != nd.Id && (o.Addr == nd.Addr || o.PeerAddr == nd.PeerAddr) {
 			m.mu.Unlock()
 			return fmt.Errorf("%w: node %s registers at %s (peers %s), an address of node %s (%s, peers %s)", api.ErrNodeConflict, nd.Id, nd.Addr, nd.PeerAddr, o.Id, o.Addr, o.PeerAddr)
@@ -113,10 +116,10 @@ func (m *metaFSM) applyRegister(arg []byte) any {
 		// never reach it, yet gossip would show it alive, so it would
 		// never be repaired either. (A new client address is harmless:
 		// clients learn it from the map.)
-		for _, sm := range sortedByName(m.shards, shardMapKey) {
+		for _, sm := range sortedByName(m.shards, ShardMapKey) {
 			if slices.Contains(sm.Replicas, nd.Id) || sm.Adding == nd.Id {
 				m.mu.Unlock()
-				return fmt.Errorf("%w: node %s holds a replica of %s at peer address %s; restart it at that address, or remove it and join at %s with a new ID", api.ErrNodeConflict, nd.Id, shardMapKey(sm), old.PeerAddr, nd.PeerAddr)
+				return fmt.Errorf("%w: node %s holds a replica of %s at peer address %s; restart it at that address, or remove it and join at %s with a new ID", api.ErrNodeConflict, nd.Id, ShardMapKey(sm), old.PeerAddr, nd.PeerAddr)
 			}
 		}
 	}
@@ -131,7 +134,7 @@ func (m *metaFSM) applyRegister(arg []byte) any {
 	return n
 }
 
-func (m *metaFSM) applySetAdmin(arg []byte) any {
+func (m *FSM) applySetAdmin(arg []byte) any {
 	req := &shardpb.SetNodeAdminRequest{}
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding node admin change: %w", err)
@@ -144,7 +147,7 @@ func (m *metaFSM) applySetAdmin(arg []byte) any {
 	}
 	if old.Admin == shardpb.NodeAdmin_NODE_REMOVED && req.Admin != shardpb.NodeAdmin_NODE_REMOVED {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", api.ErrNodeConflict, req.Id, adminName(req.Admin))
+		return fmt.Errorf("%w: node %s was removed; it cannot be made %s again", api.ErrNodeConflict, req.Id, AdminName(req.Admin))
 	}
 	if _, ok := shardpb.NodeAdmin_name[int32(req.Admin)]; !ok {
 		m.mu.Unlock()
@@ -164,7 +167,7 @@ func (m *metaFSM) applySetAdmin(arg []byte) any {
 }
 
 // applyForget deletes a removed node that holds no replica.
-func (m *metaFSM) applyForget(arg []byte) any {
+func (m *FSM) applyForget(arg []byte) any {
 	req := &shardpb.SetNodeAdminRequest{}
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding node deletion: %w", err)
@@ -177,13 +180,13 @@ func (m *metaFSM) applyForget(arg []byte) any {
 	}
 	if old.Admin != shardpb.NodeAdmin_NODE_REMOVED {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: node %s is %s, not removed", api.ErrBadRequest, req.Id, adminName(old.Admin))
+		return fmt.Errorf("%w: node %s is %s, not removed", api.ErrBadRequest, req.Id, AdminName(old.Admin))
 	}
 	// In key order, so every replica's refusal names the same shard.
-	for _, sm := range sortedByName(m.shards, shardMapKey) {
+	for _, sm := range sortedByName(m.shards, ShardMapKey) {
 		if slices.Contains(sm.Replicas, req.Id) || sm.Adding == req.Id {
 			m.mu.Unlock()
-			return fmt.Errorf("%w: node %s still holds a replica of %s", api.ErrBadRequest, req.Id, shardMapKey(sm))
+			return fmt.Errorf("%w: node %s still holds a replica of %s", api.ErrBadRequest, req.Id, ShardMapKey(sm))
 		}
 	}
 	delete(m.nodes, req.Id)
@@ -195,7 +198,7 @@ func (m *metaFSM) applyForget(arg []byte) any {
 
 // checkReplicasLocked checks a shard entry's node lists: some replica, no
 // node twice, every node known. m.mu must be held.
-func (m *metaFSM) checkReplicasLocked(key string, replicas []string, adding string) error {
+func (m *FSM) checkReplicasLocked(key string, replicas []string, adding string) error {
 	if len(replicas) == 0 {
 		return fmt.Errorf("%w: shard %s: a replica set cannot be empty", api.ErrBadRequest, key)
 	}
@@ -214,7 +217,7 @@ func (m *metaFSM) checkReplicasLocked(key string, replicas []string, adding stri
 	return nil
 }
 
-func (m *metaFSM) applySetShard(arg []byte) any {
+func (m *FSM) applySetShard(arg []byte) any {
 	req := &shardpb.MetaSetShard{}
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding shard change: %w", err)
@@ -242,32 +245,32 @@ func (m *metaFSM) applySetShard(arg []byte) any {
 	return sm
 }
 
-// shardMap returns a shard's entry (not to be modified) or nil.
-func (m *metaFSM) shardMap(table string, shard uint32) *shardpb.ShardMap {
+// ShardMap returns a shard's entry (not to be modified) or nil.
+func (m *FSM) ShardMap(table string, shard uint32) *shardpb.ShardMap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.shards[api.GroupID(table, shard)]
 }
 
-// shardMapByID returns the entry of the shard whose group ID is id, or nil.
-func (m *metaFSM) shardMapByID(id string) *shardpb.ShardMap {
+// ShardMapByID returns the entry of the shard whose group ID is id, or nil.
+func (m *FSM) ShardMapByID(id string) *shardpb.ShardMap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.shards[id]
 }
 
-// node returns a node's entry (not to be modified) or nil.
-func (m *metaFSM) node(id string) *shardpb.ClusterNode {
+// Node returns a node's entry (not to be modified) or nil.
+func (m *FSM) Node(id string) *shardpb.ClusterNode {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.nodes[id]
 }
 
-// findNode returns a node of the map that match accepts (nil if none).
-func (m *metaFSM) findNode(match func(*shardpb.ClusterNode) bool) *shardpb.ClusterNode {
+// FindNode returns the first node, by ID, that match accepts (nil if none).
+func (m *FSM) FindNode(match func(*shardpb.ClusterNode) bool) *shardpb.ClusterNode {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	for _, nd := range m.nodes {
+	for _, nd := range sortedByName(m.nodes, (*shardpb.ClusterNode).GetId) {
 		if match(nd) {
 			return nd
 		}
@@ -275,28 +278,28 @@ func (m *metaFSM) findNode(match func(*shardpb.ClusterNode) bool) *shardpb.Clust
 	return nil
 }
 
-// clusterMap returns the whole map, consistent (one lock), sorted.
-func (m *metaFSM) clusterMap() *shardpb.ClusterMap {
+// ClusterMap returns the whole map, consistent (one lock), sorted.
+func (m *FSM) ClusterMap() *shardpb.ClusterMap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return &shardpb.ClusterMap{
 		Version: m.mapVersion,
 		Nodes:   sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
-		Shards:  sortedByName(m.shards, shardMapKey),
+		Shards:  sortedByName(m.shards, ShardMapKey),
 		Tables:  sortedByName(m.tables, (*shardpb.TableSpec).GetName),
 	}
 }
 
-// version returns the map version.
-func (m *metaFSM) version() uint64 {
+// Version returns the map version.
+func (m *FSM) Version() uint64 {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.mapVersion
 }
 
-// tableShards returns the table's shard entries in shard order (nil entries
+// TableShards returns the table's shard entries in shard order (nil entries
 // for shards the map lacks) and the nodes they name.
-func (m *metaFSM) tableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*shardpb.ClusterNode) {
+func (m *FSM) TableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*shardpb.ClusterNode) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	out := make([]*shardpb.ShardMap, spec.Shards)
@@ -314,18 +317,4 @@ func (m *metaFSM) tableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*
 		}
 	}
 	return out, sortedByName(named, (*shardpb.ClusterNode).GetId)
-}
-
-// isReplica reports whether node id is one of the shard's voters in sm.
-func isReplica(sm *shardpb.ShardMap, id string) bool {
-	return sm != nil && slices.Contains(sm.Replicas, id)
-}
-
-// peerAddrs maps each node of the map to its peer address.
-func peerAddrs(cm *shardpb.ClusterMap) map[string]string {
-	out := make(map[string]string, len(cm.Nodes))
-	for _, nd := range cm.Nodes {
-		out[nd.Id] = nd.PeerAddr
-	}
-	return out
 }

@@ -1,4 +1,4 @@
-package shard
+package placement
 
 import (
 	"errors"
@@ -20,17 +20,17 @@ func placementNodes(n int) []string {
 }
 
 // placementTables splits total shards over up to three tables.
-func placementTables(total, replicas int) []PlacementTable {
-	var ts []PlacementTable
+func placementTables(total, replicas int) []Table {
+	var ts []Table
 	for i, part := range []int{total / 2, total / 3, total - total/2 - total/3} {
 		if part > 0 {
-			ts = append(ts, PlacementTable{Name: fmt.Sprintf("t%d", i), Shards: part, Replicas: replicas})
+			ts = append(ts, Table{Name: fmt.Sprintf("t%d", i), Shards: part, Replicas: replicas})
 		}
 	}
 	return ts
 }
 
-func mustPlace(t testing.TB, nodes []string, tables []PlacementTable, cur Placement) PlacementResult {
+func mustPlace(t testing.TB, nodes []string, tables []Table, cur Placement) Result {
 	t.Helper()
 	r, err := Place(nodes, tables, cur)
 	if err != nil {
@@ -61,7 +61,7 @@ func maxLoad(m map[string]int) int {
 }
 
 // checkPlacement checks shape, distinctness, liveness and the bounds.
-func checkPlacement(t *testing.T, nodes []string, tables []PlacementTable, r PlacementResult) {
+func checkPlacement(t *testing.T, nodes []string, tables []Table, r Result) {
 	t.Helper()
 	n := len(nodes)
 	s, sr, short := 0, 0, 0
@@ -129,7 +129,7 @@ func TestPlacementBalance(t *testing.T) {
 
 func TestPlacementMixedReplicas(t *testing.T) {
 	nodes := placementNodes(7)
-	tables := []PlacementTable{{"a", 13, 1}, {"b", 40, 3}, {"c", 9, 2}, {"d", 5, 5}}
+	tables := []Table{{"a", 13, 1}, {"b", 40, 3}, {"c", 9, 2}, {"d", 5, 5}}
 	r := mustPlace(t, nodes, tables, nil)
 	checkPlacement(t, nodes, tables, r)
 	rep, lead := placementLoads(r.Placement)
@@ -141,7 +141,7 @@ func TestPlacementMixedReplicas(t *testing.T) {
 func TestPlacementDeterminism(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	nodes := placementNodes(9)
-	tables := []PlacementTable{{"users", 64, 3}, {"items", 32, 3}, {"ads", 7, 2}, {"tiny", 1, 1}}
+	tables := []Table{{"users", 64, 3}, {"items", 32, 3}, {"ads", 7, 2}, {"tiny", 1, 1}}
 	want := mustPlace(t, nodes, tables, nil)
 	checkPlacement(t, nodes, tables, want)
 	// A current placement with a dead node and a new one, to exercise the
@@ -162,13 +162,13 @@ func TestPlacementDeterminism(t *testing.T) {
 	}
 	// Same current placement, same answer: a settled map is a fixed point.
 	if again := mustPlace(t, alive, tables, wantNext.Placement); !reflect.DeepEqual(again, wantNext) {
-		r, l := PlacementMoves(wantNext.Placement, again.Placement)
+		r, l := Moves(wantNext.Placement, again.Placement)
 		t.Fatalf("re-placing a settled placement moved %d replicas, %d leaders", r, l)
 	}
 }
 
 func TestPlacementFewerNodesThanReplicas(t *testing.T) {
-	tables := []PlacementTable{{"a", 10, 3}, {"b", 4, 5}}
+	tables := []Table{{"a", 10, 3}, {"b", 4, 5}}
 	for _, n := range []int{1, 2} {
 		nodes := placementNodes(n)
 		r := mustPlace(t, nodes, tables, nil)
@@ -189,20 +189,20 @@ func TestPlacementFewerNodesThanReplicas(t *testing.T) {
 }
 
 func TestPlacementBadInput(t *testing.T) {
-	ok := []PlacementTable{{"a", 4, 3}}
+	ok := []Table{{"a", 4, 3}}
 	for _, c := range []struct {
 		name   string
 		nodes  []string
-		tables []PlacementTable
+		tables []Table
 	}{
 		{"no nodes", nil, ok},
 		{"empty node ID", []string{"a", ""}, ok},
 		{"duplicate node", []string{"a", "b", "a"}, ok},
-		{"zero replicas", []string{"a"}, []PlacementTable{{"a", 4, 0}}},
-		{"zero shards", []string{"a"}, []PlacementTable{{"a", 0, 3}}},
-		{"negative shards", []string{"a"}, []PlacementTable{{"a", -1, 3}}},
-		{"no table name", []string{"a"}, []PlacementTable{{"", 4, 3}}},
-		{"duplicate table", []string{"a"}, []PlacementTable{{"a", 4, 3}, {"a", 2, 1}}},
+		{"zero replicas", []string{"a"}, []Table{{"a", 4, 0}}},
+		{"zero shards", []string{"a"}, []Table{{"a", 0, 3}}},
+		{"negative shards", []string{"a"}, []Table{{"a", -1, 3}}},
+		{"no table name", []string{"a"}, []Table{{"", 4, 3}}},
+		{"duplicate table", []string{"a"}, []Table{{"a", 4, 3}, {"a", 2, 1}}},
 	} {
 		_, err := Place(c.nodes, c.tables, nil)
 		if !errors.Is(err, api.ErrBadRequest) {
@@ -225,7 +225,7 @@ func TestPlacementBadInput(t *testing.T) {
 
 // naivePlacement puts shard i's replicas on nodes (i+j) mod N of the sorted
 // nodes: balanced, but not stable when N changes.
-func naivePlacement(nodes []string, tables []PlacementTable) Placement {
+func naivePlacement(nodes []string, tables []Table) Placement {
 	ids := slices.Sorted(slices.Values(nodes))
 	p := Placement{}
 	g := 0
@@ -261,7 +261,7 @@ func TestPlacementMovement(t *testing.T) {
 			nodes := placementNodes(n)
 			base := mustPlace(t, nodes, tables, nil)
 			// Settled: a placement recomputed from itself does not move.
-			if m, l := PlacementMoves(base.Placement, mustPlace(t, nodes, tables, base.Placement).Placement); m != 0 || l != 0 {
+			if m, l := Moves(base.Placement, mustPlace(t, nodes, tables, base.Placement).Placement); m != 0 || l != 0 {
 				t.Fatalf("S=%d N=%d: settled placement moved %d replicas, %d leaders", s, n, m, l)
 			}
 
@@ -269,7 +269,7 @@ func TestPlacementMovement(t *testing.T) {
 			grown := append(slices.Clone(nodes), fmt.Sprintf("n%d", n+1))
 			join := mustPlace(t, grown, tables, base.Placement)
 			checkPlacement(t, grown, tables, join)
-			jr, jl := PlacementMoves(base.Placement, join.Placement)
+			jr, jl := Moves(base.Placement, join.Placement)
 			ideal := float64(s*r) / float64(n+1)
 			if jr > joinBound(s, r, n) {
 				t.Errorf("S=%d N=%d→%d: join moved %d replicas > %d (ideal %.1f)", s, n, n+1, jr, joinBound(s, r, n), ideal)
@@ -285,7 +285,7 @@ func TestPlacementMovement(t *testing.T) {
 			shrunk := slices.Delete(slices.Clone(nodes), n/2, n/2+1)
 			leave := mustPlace(t, shrunk, tables, base.Placement)
 			checkPlacement(t, shrunk, tables, leave)
-			lr, ll := PlacementMoves(base.Placement, leave.Placement)
+			lr, ll := Moves(base.Placement, leave.Placement)
 			rep, _ := placementLoads(base.Placement)
 			if lr < rep[gone] || lr > rep[gone]+leaveExtra(s, r, n) {
 				t.Errorf("S=%d N=%d→%d: leave moved %d replicas, the gone node held %d", s, n, n-1, lr, rep[gone])
@@ -293,9 +293,9 @@ func TestPlacementMovement(t *testing.T) {
 			worstLeave = max(worstLeave, lr-rep[gone])
 
 			if s == 256 || s == 1024 {
-				fr, _ := PlacementMoves(base.Placement, mustPlace(t, grown, tables, nil).Placement)
-				naive, _ := PlacementMoves(naivePlacement(nodes, tables), naivePlacement(grown, tables))
-				naiveLeave, _ := PlacementMoves(naivePlacement(nodes, tables), naivePlacement(shrunk, tables))
+				fr, _ := Moves(base.Placement, mustPlace(t, grown, tables, nil).Placement)
+				naive, _ := Moves(naivePlacement(nodes, tables), naivePlacement(grown, tables))
+				naiveLeave, _ := Moves(naivePlacement(nodes, tables), naivePlacement(shrunk, tables))
 				t.Logf("S=%d R=%d N=%d: join moves %d replicas (%.1f%%, ideal %.1f%%), %d leaders; fresh HRW recompute %d (%.1f%%); naive modulo %d (%.1f%%) | leave moves %d (%.1f%%; the gone node held %d), %d leaders; naive modulo %d (%.1f%%)",
 					s, r, n, jr, pct(jr, s*r), 100/float64(n+1), jl, fr, pct(fr, s*r), naive, pct(naive, s*r),
 					lr, pct(lr, s*r), rep[gone], ll, naiveLeave, pct(naiveLeave, s*r))
@@ -317,7 +317,7 @@ func pct(a, b int) float64 { return 100 * float64(a) / float64(b) }
 
 func BenchmarkPlacement(b *testing.B) {
 	nodes := placementNodes(50)
-	tables := []PlacementTable{{"a", 1024, 3}, {"b", 1024, 3}, {"c", 1024, 3}}
+	tables := []Table{{"a", 1024, 3}, {"b", 1024, 3}, {"c", 1024, 3}}
 	base := mustPlace(b, nodes, tables, nil)
 	grown := append(slices.Clone(nodes), "n51")
 	b.Run("fresh", func(b *testing.B) {

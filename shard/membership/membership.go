@@ -1,4 +1,4 @@
-package shard
+package membership
 
 import (
 	"encoding/json"
@@ -11,24 +11,26 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
+	"github.com/raftps/raftps/shard/netfault"
 )
 
-// Node liveness as gossip (memberlist) tells it.
+// Node liveness as gossip (memberlist) tells it: a Member's State.
 const (
-	StateAlive   = "alive"
-	StateSuspect = "suspect"
-	StateDead    = "dead"
+	Alive   = "alive"
+	Suspect = "suspect"
+	Dead    = "dead"
 )
 
-// MembershipConfig configures a node's gossip membership. Zero durations
-// take memberlist's LAN defaults (probe every 1s, a dead node declared
-// about 5s after it stops answering in a small cluster).
-type MembershipConfig struct {
+// Config configures a node's gossip membership. Zero durations take
+// memberlist's LAN defaults (probe every 1s, a dead node declared about 5s
+// after it stops answering in a small cluster).
+type Config struct {
 	// Addr is the gossip address (UDP and TCP) to bind and advertise;
-	// empty: DefaultGossipAddr of the node's gRPC address.
+	// port 0 picks a free one. The node fills in its default.
 	Addr string
-	// Join lists the other nodes' gossip addresses; empty: the
-	// DefaultGossipAddr of every other peer.
+	// Join lists the other nodes' gossip addresses, joined at start and
+	// again while some node expected is not seen alive (see New). The node
+	// fills in its default from its peer list.
 	Join []string
 	// ProbeInterval, ProbeTimeout and GossipInterval are memberlist's
 	// settings of the same names; SuspicionMult likewise (0: default).
@@ -40,8 +42,24 @@ type MembershipConfig struct {
 	// not see alive (a restarted or partitioned peer is otherwise never
 	// probed again); 0: 5s.
 	RejoinInterval time.Duration
+}
 
-	fault *netFault // set by the node with NodeConfig.FaultInjection
+// Local is what the node running the membership tells it about itself and
+// the cluster, as opposed to the settings in Config.
+type Local struct {
+	// ID is this node's ID (its memberlist name), Addr its client address:
+	// what it gossips about itself, with its map version and leader count
+	// (SetLocal).
+	ID   string
+	Addr string
+	// Expect lists the IDs of the nodes expected even if never heard from
+	// (a node's static peers): Members shows such a node dead, and the
+	// rejoin loop joins again while one is not seen alive.
+	Expect []string
+	// Faults, if set, applies the node's fault injection to gossip (see
+	// gossipTransport); nil: none.
+	Faults *netfault.Faults
+	Logger hclog.Logger // nil: none
 }
 
 // nodeMeta is what a node gossips about itself (memberlist NodeMeta).
@@ -54,11 +72,11 @@ type nodeMeta struct {
 	Leaders    uint32 `json:"l,omitempty"`
 }
 
-// MemberInfo is one node as this node's gossip view has it.
-type MemberInfo struct {
+// Member is one node as this node's gossip view has it.
+type Member struct {
 	ID    string
-	Addr  string // gRPC address
-	State string // StateAlive, StateSuspect or StateDead
+	Addr  string // client (gRPC) address
+	State string // Alive, Suspect or Dead
 	// Since is when this node last saw the state change (for a node never
 	// heard from: when this node started gossiping).
 	Since time.Time
@@ -67,19 +85,21 @@ type MemberInfo struct {
 	Leaders    uint32
 }
 
-// membership runs a node's memberlist and tracks every node's liveness.
+// Membership runs a node's memberlist and tracks every node's liveness.
 //
-// Concurrency: memberlist calls the delegate methods from its goroutines,
-// some with its node lock held, so they only copy what they need under
-// mu and never call memberlist. members and lastAck are guarded by mu; ml is
-// set before rejoinLoop starts and never changes.
-type membership struct {
-	peers []Peer // the static peer list: nodes expected even if never heard
-	join  []string
-	start time.Time
-	log   hclog.Logger
-	ml    *memberlist.Memberlist
-	every time.Duration
+// Concurrency: its methods are safe for concurrent use, except that
+// SetLocal must not be called from a memberlist delegate. memberlist calls
+// the delegate methods from its goroutines, some with its node lock held, so
+// they only copy what they need under mu and never call memberlist. self,
+// members, lastAck and known are guarded by mu; ml is set before rejoinLoop
+// starts and never changes.
+type Membership struct {
+	expect []string // IDs of the nodes expected even if never heard from
+	join   []string
+	start  time.Time
+	log    hclog.Logger
+	ml     *memberlist.Memberlist
+	every  time.Duration
 
 	// probe and probeTimeout are memberlist's ProbeInterval and
 	// ProbeTimeout: they set how long a node may go without answering this
@@ -88,35 +108,24 @@ type membership struct {
 
 	mu      sync.Mutex
 	self    nodeMeta
-	members map[string]*MemberInfo // by node ID
-	lastAck map[string]time.Time   // by node ID: its last answer to a probe of ours
-	known   map[string]string      // node ID -> gossip address, from the cluster map
+	members map[string]*Member   // by node ID
+	lastAck map[string]time.Time // by node ID: its last answer to a probe of ours
+	known   map[string]string    // node ID -> gossip address, from the cluster map
 
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.Logger) (*membership, error) {
-	addr := cfg.Addr
-	if addr == "" {
-		var err error
-		if addr, err = DefaultGossipAddr(self.Addr); err != nil {
-			return nil, fmt.Errorf("gossip address: %w", err)
-		}
+// New starts gossiping on cfg.Addr and joins cfg.Join, then keeps joining
+// again, every RejoinInterval, while a node of local.Expect or of the
+// cluster map (SetKnown) is not seen alive. Close stops it.
+func New(cfg Config, local Local) (*Membership, error) {
+	log := local.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
 	}
-	join := cfg.Join
-	if len(join) == 0 {
-		for _, p := range peers {
-			if p.ID == self.ID {
-				continue
-			}
-			a, err := GossipAddrOfPeer(p.PeerAddr)
-			if err != nil {
-				return nil, fmt.Errorf("gossip address of peer %s: %w", p.ID, err)
-			}
-			join = append(join, a)
-		}
-	}
+	self := nodeMeta{ID: local.ID, Addr: local.Addr}
+	addr, join := cfg.Addr, cfg.Join
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("gossip address %q: %w", addr, err)
@@ -125,9 +134,9 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 	if err != nil {
 		return nil, fmt.Errorf("gossip address %q: bad port", addr)
 	}
-	m := &membership{
-		self: self, peers: peers, join: join, log: log,
-		members: map[string]*MemberInfo{},
+	m := &Membership{
+		self: self, expect: local.Expect, join: join, log: log,
+		members: map[string]*Member{},
 		lastAck: map[string]time.Time{},
 		known:   map[string]string{},
 		start:   time.Now(),
@@ -150,7 +159,7 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 		p = nt.GetAutoBindPort()
 		mc.BindPort, mc.AdvertisePort = p, p
 	}
-	mc.Transport = newGossipTransport(nt, cfg.fault)
+	mc.Transport = newGossipTransport(nt, local.Faults)
 	if cfg.ProbeInterval > 0 {
 		mc.ProbeInterval = cfg.ProbeInterval
 	}
@@ -183,7 +192,7 @@ func newMembership(cfg MembershipConfig, self nodeMeta, peers []Peer, log hclog.
 	return m, nil
 }
 
-func (m *membership) metaBytes() []byte {
+func (m *Membership) metaBytes() []byte {
 	m.mu.Lock()
 	self := m.self
 	m.mu.Unlock()
@@ -191,9 +200,9 @@ func (m *membership) metaBytes() []byte {
 	return b
 }
 
-// setLocal updates what this node gossips about itself: its map version
+// SetLocal updates what this node gossips about itself: its map version
 // and leader count. It must not be called from a memberlist delegate.
-func (m *membership) setLocal(version uint64, leaders uint32) {
+func (m *Membership) SetLocal(version uint64, leaders uint32) {
 	m.mu.Lock()
 	same := m.self.MapVersion == version && m.self.Leaders == leaders
 	m.self.MapVersion, m.self.Leaders = version, leaders
@@ -205,10 +214,10 @@ func (m *membership) setLocal(version uint64, leaders uint32) {
 	}
 }
 
-// setKnown tells membership the nodes of the cluster map (ID to gossip
+// SetKnown tells membership the nodes of the cluster map (ID to gossip
 // address): a known node never heard from is dead, and is joined again
-// like a static peer.
-func (m *membership) setKnown(known map[string]string) {
+// like an expected one. The map is kept, not copied.
+func (m *Membership) SetKnown(known map[string]string) {
 	m.mu.Lock()
 	m.known = known
 	m.mu.Unlock()
@@ -217,15 +226,15 @@ func (m *membership) setKnown(known map[string]string) {
 // rejoinLoop joins the peers this node does not see alive: at start, and
 // every RejoinInterval, since memberlist never probes a node it declared
 // dead again.
-func (m *membership) rejoinLoop() {
+func (m *Membership) rejoinLoop() {
 	t := time.NewTicker(m.every)
 	defer t.Stop()
 	for {
 		// Joining a node already alive is one push/pull exchange: cheap.
-		missing := len(m.peers) == 0
-		alive := m.aliveIDs()
-		for _, p := range m.peers {
-			missing = missing || !alive[p.ID]
+		missing := len(m.expect) == 0
+		alive := m.AliveIDs()
+		for _, id := range m.expect {
+			missing = missing || !alive[id]
 		}
 		join := slices.Clone(m.join)
 		m.mu.Lock()
@@ -249,12 +258,14 @@ func (m *membership) rejoinLoop() {
 	}
 }
 
-func (m *membership) aliveIDs() map[string]bool {
+// AliveIDs returns the IDs of the nodes gossip has not declared dead
+// (suspect ones included).
+func (m *Membership) AliveIDs() map[string]bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[string]bool{}
 	for id, mi := range m.members {
-		if mi.State != StateDead {
+		if mi.State != Dead {
 			out[id] = true
 		}
 	}
@@ -263,8 +274,8 @@ func (m *membership) aliveIDs() map[string]bool {
 
 // event records a memberlist event about node n. Called by memberlist with
 // its node lock held: n may be read, memberlist may not be called.
-func (m *membership) event(n *memberlist.Node, state string) {
-	mi := MemberInfo{ID: n.Name, State: state, Since: time.Now()}
+func (m *Membership) event(n *memberlist.Node, state string) {
+	mi := Member{ID: n.Name, State: state, Since: time.Now()}
 	var meta nodeMeta
 	if err := json.Unmarshal(n.Meta, &meta); err == nil && meta.ID != "" {
 		mi.ID, mi.Addr, mi.MapVersion, mi.Leaders = meta.ID, meta.Addr, meta.MapVersion, meta.Leaders
@@ -282,22 +293,22 @@ func (m *membership) event(n *memberlist.Node, state string) {
 		}
 	}
 	m.members[mi.ID] = &mi
-	if state == StateAlive {
+	if state == Alive {
 		m.lastAck[mi.ID] = time.Now()
 	}
 }
 
 // ack records that node id answered a probe of this node's.
-func (m *membership) ack(id string) {
+func (m *Membership) ack(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastAck[id] = time.Now()
 }
 
-// Members returns every node this node knows of, by gossip or from the
-// static peer list, sorted by ID. A peer never heard from is dead; a node
+// Members returns every node this node knows of, by gossip, as expected
+// (Local.Expect) or from the cluster map (SetKnown), sorted by ID. A peer never heard from is dead; a node
 // that left gracefully is dead too.
-func (m *membership) Members() []MemberInfo {
+func (m *Membership) Members() []Member {
 	now := time.Now()
 	m.mu.Lock()
 	// memberlist has no event for suspicion and does not show its own
@@ -309,36 +320,36 @@ func (m *membership) Members() []MemberInfo {
 	// unless it answers (or refutes) first.
 	alive := 0
 	for _, mi := range m.members {
-		if mi.State == StateAlive {
+		if mi.State == Alive {
 			alive++
 		}
 	}
 	suspectAfter := time.Duration(2*max(1, alive-1))*m.probe + m.probeTimeout
-	out := make([]MemberInfo, 0, len(m.members)+len(m.peers))
+	out := make([]Member, 0, len(m.members)+len(m.expect))
 	seen := map[string]bool{}
 	for _, mi := range m.members {
 		c := *mi
-		if c.State == StateAlive && c.ID != m.self.ID && m.probe > 0 && now.Sub(m.lastAck[c.ID]) > suspectAfter {
-			c.State, c.Since = StateSuspect, m.lastAck[c.ID].Add(suspectAfter)
+		if c.State == Alive && c.ID != m.self.ID && m.probe > 0 && now.Sub(m.lastAck[c.ID]) > suspectAfter {
+			c.State, c.Since = Suspect, m.lastAck[c.ID].Add(suspectAfter)
 		}
 		out = append(out, c)
 		seen[c.ID] = true
 	}
 	for id := range m.known {
 		if !seen[id] {
-			out = append(out, MemberInfo{ID: id, State: StateDead, Since: m.start})
+			out = append(out, Member{ID: id, State: Dead, Since: m.start})
 			seen[id] = true
 		}
 	}
 	m.mu.Unlock()
-	for _, p := range m.peers {
-		if !seen[p.ID] {
+	for _, id := range m.expect {
+		if !seen[id] {
 			// Never heard from: its client address is unknown until it
 			// registers.
-			out = append(out, MemberInfo{ID: p.ID, State: StateDead, Since: m.start})
+			out = append(out, Member{ID: id, State: Dead, Since: m.start})
 		}
 	}
-	slices.SortFunc(out, func(a, b MemberInfo) int {
+	slices.SortFunc(out, func(a, b Member) int {
 		switch {
 		case a.ID < b.ID:
 			return -1
@@ -350,9 +361,9 @@ func (m *membership) Members() []MemberInfo {
 	return out
 }
 
-// close leaves the cluster gracefully (others see this node dead at once
+// Close leaves the cluster gracefully (others see this node dead at once
 // instead of after the suspicion timeout), then stops gossiping.
-func (m *membership) close() error {
+func (m *Membership) Close() error {
 	close(m.stop)
 	if err := m.ml.Leave(500 * time.Millisecond); err != nil {
 		m.log.Warn("leaving the gossip cluster", "error", err)
@@ -362,7 +373,7 @@ func (m *membership) close() error {
 	return err
 }
 
-type metaDelegate struct{ m *membership }
+type metaDelegate struct{ m *Membership }
 
 func (d metaDelegate) NodeMeta(limit int) []byte {
 	b := d.m.metaBytes()
@@ -376,15 +387,15 @@ func (metaDelegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (metaDelegate) LocalState(bool) []byte          { return nil }
 func (metaDelegate) MergeRemoteState([]byte, bool)   {}
 
-type pingDelegate struct{ m *membership }
+type pingDelegate struct{ m *Membership }
 
 func (pingDelegate) AckPayload() []byte { return nil }
 func (d pingDelegate) NotifyPingComplete(other *memberlist.Node, _ time.Duration, _ []byte) {
 	d.m.ack(other.Name)
 }
 
-type eventDelegate struct{ m *membership }
+type eventDelegate struct{ m *Membership }
 
-func (d eventDelegate) NotifyJoin(n *memberlist.Node)   { d.m.event(n, StateAlive) }
-func (d eventDelegate) NotifyLeave(n *memberlist.Node)  { d.m.event(n, StateDead) }
-func (d eventDelegate) NotifyUpdate(n *memberlist.Node) { d.m.event(n, StateAlive) }
+func (d eventDelegate) NotifyJoin(n *memberlist.Node)   { d.m.event(n, Alive) }
+func (d eventDelegate) NotifyLeave(n *memberlist.Node)  { d.m.event(n, Dead) }
+func (d eventDelegate) NotifyUpdate(n *memberlist.Node) { d.m.event(n, Alive) }

@@ -1,4 +1,4 @@
-package shard
+package meta
 
 import (
 	"cmp"
@@ -37,7 +37,9 @@ import (
 // keeps its rank until the round completes and a newcomer re-forms the job,
 // or the job is deleted.
 
-func checkJoinRequest(req *shardpb.JoinJobRequest) error {
+// CheckJoinRequest checks a join's fields (api.CheckJoin): the node checks
+// a request before it proposes it, and Apply checks the entry again.
+func CheckJoinRequest(req *shardpb.JoinJobRequest) error {
 	return api.CheckJoin(req.Job, int(req.World), int(req.Rank), req.Addr)
 }
 
@@ -45,7 +47,7 @@ func checkJoinRequest(req *shardpb.JoinJobRequest) error {
 // such job yet) without modifying it: the job to store (cur itself if the
 // join changed nothing) and the joiner's rank. It depends on nothing but its
 // arguments, so every replica applying the same log computes the same result.
-// req must have passed checkJoinRequest.
+// req must have passed CheckJoinRequest.
 func joinJob(cur *shardpb.Job, req *shardpb.JoinJobRequest) (*shardpb.Job, uint32, error) {
 	if cur == nil {
 		cur = &shardpb.Job{Name: req.Job, World: req.World, Round: 1}
@@ -85,5 +87,5 @@ func joinJob(cur *shardpb.Job, req *shardpb.JoinJobRequest) (*shardpb.Job, uint3
 	return next, rank, nil
 }
 
-// jobComplete reports whether every rank of the job's round is registered.
-func jobComplete(j *shardpb.Job) bool { return len(j.Members) == int(j.World) }
+// JobComplete reports whether every rank of the job's round is registered.
+func JobComplete(j *shardpb.Job) bool { return len(j.Members) == int(j.World) }

@@ -1,4 +1,4 @@
-package shard
+package meta
 
 import (
 	"bytes"
@@ -18,20 +18,20 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// metaLog feeds commands to a metaFSM as raft would, one index after another.
+// metaLog feeds commands to a FSM as raft would, one index after another.
 type metaLog struct {
 	t     *testing.T
-	m     *metaFSM
+	m     *FSM
 	index uint64
 }
 
 func newMetaLog(t *testing.T) *metaLog {
-	return &metaLog{t: t, m: newMetaFSM(func() {})}
+	return &metaLog{t: t, m: New(func() {})}
 }
 
 func (l *metaLog) apply(cmd byte, arg proto.Message) any {
 	l.t.Helper()
-	b, err := encodeMeta(cmd, arg)
+	b, err := Encode(cmd, arg)
 	if err != nil {
 		l.t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func (l *metaLog) apply(cmd byte, arg proto.Message) any {
 
 func (l *metaLog) join(job string, world, rank int, addr string) (int, uint64, error) {
 	l.t.Helper()
-	out := l.apply(metaJoinJob, &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rank), Addr: addr})
+	out := l.apply(CmdJoinJob, &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rank), Addr: addr})
 	if err, ok := out.(error); ok {
 		return 0, 0, err
 	}
@@ -76,7 +76,7 @@ func members(j *shardpb.Job) string {
 
 func (l *metaLog) wantJob(job, want string) {
 	l.t.Helper()
-	if got := members(l.m.job(job)); got != want {
+	if got := members(l.m.Job(job)); got != want {
 		l.t.Fatalf("job %s: got %q, want %q", job, got, want)
 	}
 }
@@ -87,11 +87,11 @@ func TestMetaJobAssignsLowestFreeRank(t *testing.T) {
 	l.mustJoin("j", 4, 2, "c", 2, 1)
 	l.mustJoin("j", 4, -1, "b", 1, 1) // the gap below c
 	l.wantJob("j", "1 4: 0=a 1=b 2=c")
-	if jobComplete(l.m.job("j")) {
+	if JobComplete(l.m.Job("j")) {
 		t.Fatal("3 of 4 ranks: complete")
 	}
 	l.mustJoin("j", 4, -1, "d", 3, 1) // the only rank left
-	if !jobComplete(l.m.job("j")) {
+	if !JobComplete(l.m.Job("j")) {
 		t.Fatal("4 of 4 ranks: not complete")
 	}
 	// Another job is independent.
@@ -188,7 +188,7 @@ func TestMetaJobValidation(t *testing.T) {
 			if _, _, err := l.join(c.job, c.world, c.rank, c.addr); !errors.Is(err, api.ErrBadRequest) {
 				t.Errorf("%s: Apply: %v, want api.ErrBadRequest", c.name, err)
 			}
-			if len(l.m.jobList()) != 0 {
+			if len(l.m.JobList()) != 0 {
 				t.Errorf("%s: a refused join created a job", c.name)
 			}
 		}
@@ -200,12 +200,12 @@ func TestMetaJobValidation(t *testing.T) {
 
 func TestMetaJobDelete(t *testing.T) {
 	l := newMetaLog(t)
-	if err, _ := l.apply(metaDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}).(error); !errors.Is(err, api.ErrUnknownJob) {
+	if err, _ := l.apply(CmdDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}).(error); !errors.Is(err, api.ErrUnknownJob) {
 		t.Fatalf("deleting an unknown job: %v, want api.ErrUnknownJob", err)
 	}
 	l.mustJoin("j", 1, -1, "a", 0, 1)
 	l.mustJoin("j", 1, -1, "b", 0, 2)
-	if out := l.apply(metaDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}); out != nil {
+	if out := l.apply(CmdDeleteJob, &shardpb.DeleteJobRequest{Job: "j"}); out != nil {
 		t.Fatalf("deleting j: %v", out)
 	}
 	l.wantJob("j", "<none>")
@@ -213,7 +213,7 @@ func TestMetaJobDelete(t *testing.T) {
 }
 
 func TestMetaUnknownCommand(t *testing.T) {
-	m := newMetaFSM(func() {})
+	m := New(func() {})
 	for _, data := range [][]byte{nil, {99, 1, 2}} {
 		if _, ok := m.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: data}).(error); !ok {
 			t.Errorf("command %v: no error", data)
@@ -222,16 +222,16 @@ func TestMetaUnknownCommand(t *testing.T) {
 }
 
 // snapshotBytes returns what the FSM's snapshot persists.
-func snapshotBytes(t *testing.T, m *metaFSM) []byte {
+func snapshotBytes(t *testing.T, m *FSM) []byte {
 	t.Helper()
 	snap, err := m.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []byte(snap.(metaSnapshot))
+	return []byte(snap.(fsmSnapshot))
 }
 
-func restore(m *metaFSM, b []byte) error {
+func restore(m *FSM, b []byte) error {
 	return m.Restore(io.NopCloser(bytes.NewReader(b)))
 }
 
@@ -245,13 +245,13 @@ func TestMetaJobApplyDeterministic(t *testing.T) {
 		job := []string{"j1", "j2", "j3"}[rng.IntN(3)]
 		if rng.IntN(50) == 0 {
 			req := &shardpb.DeleteJobRequest{Job: job}
-			a.apply(metaDeleteJob, req)
-			b.apply(metaDeleteJob, req)
+			a.apply(CmdDeleteJob, req)
+			b.apply(CmdDeleteJob, req)
 			continue
 		}
 		world := 2 + rng.IntN(3)
 		req := &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rng.IntN(world+1) - 1), Addr: string(rune('a' + rng.IntN(8)))}
-		ra, rb := a.apply(metaJoinJob, req), b.apply(metaJoinJob, req)
+		ra, rb := a.apply(CmdJoinJob, req), b.apply(CmdJoinJob, req)
 		if ea, ok := ra.(error); ok {
 			if eb, ok := rb.(error); !ok || ea.Error() != eb.Error() {
 				t.Fatalf("%v: %v on one replica, %v on the other", req, ra, rb)
@@ -263,7 +263,7 @@ func TestMetaJobApplyDeterministic(t *testing.T) {
 	if !bytes.Equal(snapshotBytes(t, a.m), snapshotBytes(t, b.m)) {
 		t.Fatal("replicas that applied the same log have different snapshots")
 	}
-	for _, j := range a.m.jobList() {
+	for _, j := range a.m.JobList() {
 		if len(j.Members) > int(j.World) {
 			t.Fatalf("job %s round %d: %d members of %d ranks", j.Name, j.Round, len(j.Members), j.World)
 		}
@@ -278,7 +278,7 @@ func TestMetaJobApplyDeterministic(t *testing.T) {
 func TestMetaSnapshotRoundTrip(t *testing.T) {
 	l := newMetaLog(t)
 	for _, name := range []string{"users", "items"} {
-		if out := l.apply(metaCreateTable, &shardpb.TableSpec{Name: name, Dim: 8, Shards: 2, Replicas: 3}); out == nil {
+		if out := l.apply(CmdCreateTable, &shardpb.TableSpec{Name: name, Dim: 8, Shards: 2, Replicas: 3}); out == nil {
 			t.Fatal("no spec back")
 		} else if err, ok := out.(error); ok {
 			t.Fatal(err)
@@ -290,11 +290,11 @@ func TestMetaSnapshotRoundTrip(t *testing.T) {
 	l.mustJoin("eval", 1, -1, "h8:1", 0, 2)
 
 	b := snapshotBytes(t, l.m)
-	if got := binary.LittleEndian.Uint32(b); got != metaSnapshotMarker {
+	if got := binary.LittleEndian.Uint32(b); got != snapshotMarker {
 		t.Fatalf("snapshot starts with %#x, not the format marker", got)
 	}
 	changed := 0
-	m := newMetaFSM(func() { changed++ })
+	m := New(func() { changed++ })
 	m.jobs["stale"] = &shardpb.Job{Name: "stale", World: 1, Round: 1} // replaced, not merged
 	if err := restore(m, b); err != nil {
 		t.Fatal(err)
@@ -303,8 +303,8 @@ func TestMetaSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("onChange called %d times, want 1", changed)
 	}
 	for _, pair := range []struct{ got, want []proto.Message }{
-		{msgs(m.list()), msgs(l.m.list())},
-		{msgs(m.jobList()), msgs(l.m.jobList())},
+		{msgs(m.List()), msgs(l.m.List())},
+		{msgs(m.JobList()), msgs(l.m.JobList())},
 	} {
 		if len(pair.got) != len(pair.want) {
 			t.Fatalf("restored %d, want %d: %v", len(pair.got), len(pair.want), pair.got)
@@ -346,27 +346,27 @@ func TestMetaRestoreFormat1(t *testing.T) {
 		old = binary.LittleEndian.AppendUint32(old, uint32(len(enc)))
 		old = append(old, enc...)
 	}
-	m := newMetaFSM(func() {})
+	m := New(func() {})
 	m.jobs["j"] = &shardpb.Job{Name: "j", World: 1, Round: 1}
 	if err := restore(m, old); err != nil {
 		t.Fatal(err)
 	}
-	got := m.list()
+	got := m.List()
 	if len(got) != 2 || !proto.Equal(got[0], specs[0]) || !proto.Equal(got[1], specs[1]) {
 		t.Fatalf("restored tables %v, want %v", got, specs)
 	}
-	if jobs := m.jobList(); len(jobs) != 0 {
+	if jobs := m.JobList(); len(jobs) != 0 {
 		t.Fatalf("restored jobs %v from a snapshot without any", jobs)
 	}
 	// An empty table list of format 1 as well.
-	if err := restore(m, binary.LittleEndian.AppendUint32(nil, 0)); err != nil || len(m.list()) != 0 {
-		t.Fatalf("empty format 1 snapshot: %v, %d tables", err, len(m.list()))
+	if err := restore(m, binary.LittleEndian.AppendUint32(nil, 0)); err != nil || len(m.List()) != 0 {
+		t.Fatalf("empty format 1 snapshot: %v, %d tables", err, len(m.List()))
 	}
 }
 
 func TestMetaRestoreRefusesBadSnapshots(t *testing.T) {
 	header := func(format uint32) []byte {
-		b := binary.LittleEndian.AppendUint32(nil, metaSnapshotMarker)
+		b := binary.LittleEndian.AppendUint32(nil, snapshotMarker)
 		return binary.LittleEndian.AppendUint32(b, format)
 	}
 	for _, c := range []struct {
@@ -380,12 +380,12 @@ func TestMetaRestoreRefusesBadSnapshots(t *testing.T) {
 		{"format 4", header(4), store.ErrSnapshotVersion},
 		{"format 2 garbage", append(header(2), 0xff, 0xff), store.ErrCorruptSnapshot},
 	} {
-		m := newMetaFSM(func() {})
+		m := New(func() {})
 		m.jobs["j"] = &shardpb.Job{Name: "j", World: 1, Round: 1}
 		if err := restore(m, c.b); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
-		if m.job("j") == nil {
+		if m.Job("j") == nil {
 			t.Errorf("%s: a refused snapshot changed the state", c.name)
 		}
 	}

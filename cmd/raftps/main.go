@@ -1,5 +1,3 @@
-// Command raftps is raftps's one binary. Each subcommand is wiring and flags
-// only; the work lives in the packages (see docs/ARCHITECTURE.md).
 package main
 
 import (

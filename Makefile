@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
 PROTOC_VERSION             := 3.21.12
 PROTOS := shard/shardpb/client.proto shard/shardpb/peer.proto shard/shardpb/meta.proto replication/transportpb/transport.proto replication/chain/chainpb/chain.proto
 
-.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean image compose-up compose-down test-docker test-docker-if-engine soak
+.PHONY: protoc-installed help build test test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-collective bench-hedge bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean image compose-up compose-down test-docker test-docker-if-engine soak
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -180,6 +180,22 @@ bench-cluster: build ## raftps bench on a local 3-node cluster (push, pull, mixe
 	  for w in pull mixed; do \
 		bin/raftps bench --table bench --load=false --workload $$w --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
 	  done; } 2>&1 | tee bin/bench-cluster.txt
+
+# What hedged reads cost on a healthy cluster: pulls of a bounded table
+# with hedging and without, alternated run by run in one session (this
+# host's speed drifts within minutes, so only side-by-side runs compare).
+HEDGE_ROUNDS ?= 3
+bench-hedge: build ## pull rows/s and p99 of a bounded table, hedging on and off alternated (~2 min)
+	@mkdir -p bin
+	@rm -rf bin/bench-hedge && bin/raftps cluster up --dir bin/bench-hedge --base-port 7651 >/dev/null
+	@trap 'bin/raftps cluster down --dir bin/bench-hedge >/dev/null' EXIT; \
+	export RAFTPS_CLUSTER=$$(cat bin/bench-hedge/addrs); \
+	bin/raftps table create bench --dim 64 --shards 16 --optimizer sgd --consistency bounded:100ms >/dev/null; \
+	bin/raftps bench --table bench --workload push --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration 5s >/dev/null 2>&1; \
+	{ for i in $$(seq $(HEDGE_ROUNDS)); do for h in true false; do \
+		echo "round $$i, --hedge=$$h"; \
+		bin/raftps bench --table bench --load=false --workload pull --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION) --hedge=$$h; \
+	  done; done; } 2>&1 | grep -v "rows/s  errors" | tee bin/bench-hedge.txt
 
 # The first command gives time and bus bandwidth per size; the second the
 # ring's share of loopback TCP, from the two interleaved round by round

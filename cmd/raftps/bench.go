@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/pprof"
 
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/test/bench"
 )
 
@@ -28,6 +29,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&bc.Optimizer, "optimizer", bc.Optimizer, "optimizer (when bench creates the table)")
 	fs.StringVar(&bc.Replication, "replication", bc.Replication, "raft or chain (when bench creates the table)")
 	fs.BoolVar(&bc.Load, "load", bc.Load, "push every key once before measuring")
+	hedge := fs.Bool("hedge", true, "hedge reads that other replicas may serve (--hedge=false measures what hedging costs)")
 	cpuProfile := fs.String("cpuprofile", "", "write the bench client's CPU profile to this file")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
@@ -46,6 +48,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(cf.addrs()) == 0 {
 		return fail(stderr, "bench", fmt.Errorf("no cluster given: pass --cluster or set RAFTPS_CLUSTER"))
 	}
+	if !*hedge {
+		bc.Client = func(c *client.Config) { c.HedgeAfter = -1 }
+	}
 	res, err := bench.Run(context.Background(), cf.addrs(), bc, stderr)
 	if err != nil {
 		return fail(stderr, "bench", err)
@@ -54,7 +59,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		_ = printJSON(stdout, res)
 		return 0
 	}
-	fmt.Fprintf(stdout, "%s on %s: %.0f rows/s (push %.0f, pull %.0f), batch latency p50 %.1f ms p99 %.1f ms max %.1f ms, %d errors, %d clients × %d keys, %.1fs\n",
-		res.Workload, res.Table, res.RowsPerS, res.PushRowsPerS, res.PullRowsPerS, res.P50ms, res.P99ms, res.MaxMs, res.Errors, res.Clients, res.Batch, res.Seconds)
+	fmt.Fprintf(stdout, "%s on %s: %.0f rows/s (push %.0f, pull %.0f), batch latency p50 %.1f ms p99 %.1f ms max %.1f ms, %d errors, %d hedges, %d clients × %d keys, %.1fs\n",
+		res.Workload, res.Table, res.RowsPerS, res.PushRowsPerS, res.PullRowsPerS, res.P50ms, res.P99ms, res.MaxMs, res.Errors, res.Hedges, res.Clients, res.Batch, res.Seconds)
 	return 0
 }

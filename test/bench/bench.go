@@ -1,10 +1,3 @@
-// Package bench is the load generator of raftps bench: clients that pull
-// and push Zipf-distributed batches against a cluster for a while, and the
-// rows/s and latency they saw. docs/BENCHMARKS.md's cluster numbers come
-// from it.
-//
-// Run starts one goroutine per client and one progress ticker, all ended
-// before it returns.
 package bench
 
 import (
@@ -77,6 +70,8 @@ type Result struct {
 	P99ms        float64 `json:"p99_ms"`
 	MaxMs        float64 `json:"max_ms"`
 	Errors       int64   `json:"errors"`
+	// Hedges: the hedge calls the clients sent (reads only).
+	Hedges uint64 `json:"hedges"`
 }
 
 // Run runs the workload against the cluster at addrs and reports progress
@@ -197,7 +192,7 @@ loop:
 	return &Result{
 		Workload: bc.Workload, Table: bc.Table, Clients: bc.Clients, Batch: bc.Batch, Dim: bc.Dim, Seconds: elapsed,
 		RowsPerS: float64(rows.Load()) / elapsed, PushRowsPerS: float64(pushRows.Load()) / elapsed, PullRowsPerS: float64(pullRows.Load()) / elapsed,
-		P50ms: q(0.5), P99ms: q(0.99), MaxMs: q(1), Errors: errs.Load(),
+		P50ms: q(0.5), P99ms: q(0.99), MaxMs: q(1), Errors: errs.Load(), Hedges: hedges(clients),
 	}, nil
 }
 
@@ -289,4 +284,12 @@ func loadKeys(ctx context.Context, clients []*client.Client, bc Config, progress
 	}
 	fmt.Fprintf(progress, "loaded %d keys in %.1fs\n", bc.Keys, time.Since(start).Seconds())
 	return nil
+}
+
+func hedges(clients []*client.Client) uint64 {
+	var n uint64
+	for _, c := range clients {
+		n += c.Hedges()
+	}
+	return n
 }

@@ -142,28 +142,31 @@ test-docker-if-engine:
 
 # Long chaos for release checks: a fresh local 3-node cluster (with
 # --fault-injection, for partitions), SOAK (default 30m) of leader kills,
-# pauses and partitions every SOAK_EVERY; the report and the histories go
+# pauses, partitions and slow nodes every SOAK_EVERY; the report and the histories go
 # to bin/soak. SOAK_TARGET=docker runs it on the compose cluster instead.
 SOAK        ?= 30m
 SOAK_EVERY  ?= 10s
 SOAK_TARGET ?= local
-# A linearizable and a bounded Raft table, and a chain table (chaos makes a
+# A linearizable, a bounded and an eventual Raft table, and a chain table (chaos makes a
 # table whose name contains "chn" a chain table, and gives one whose name
 # contains "hot" hot keys). SOAK_NODES: the local cluster's size; hot-key
 # read replicas need more nodes than replicas (5, with tables such as
 # chaos_bnd_hot,chaos_chn_bnd_hot).
-SOAK_TABLES ?= chaos_lin,chaos_bnd,chaos_chn
+SOAK_TABLES ?= chaos_lin,chaos_bnd,chaos_evt,chaos_chn
+# Faults in turn, one every SOAK_EVERY; slow-node delays one node's every
+# message by 200 ms (tc netem in a container's namespace under docker).
+SOAK_FAULTS ?= kill-leader,pause-leader,partition-leader,partition-minority,slow-node
 SOAK_NODES  ?= 3
 soak: build ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/report.json
 	@rm -rf bin/soak && mkdir -p bin/soak
 	@if [ "$(SOAK_TARGET)" = docker ]; then \
 		$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true; $(MAKE) --no-print-directory compose-up || exit 1; \
-		target=docker:$(COMPOSE_PROJECT); faults=kill-leader,pause-leader,partition-leader,partition-minority; \
+		target=docker:$(COMPOSE_PROJECT); \
 	else \
 		bin/raftps cluster up --dir bin/soak/cluster --nodes $(SOAK_NODES) --base-port 17600 --server-args "--fault-injection" >/dev/null || exit 1; \
-		target=local:bin/soak/cluster; faults=kill-leader,pause-leader,partition-leader,partition-minority; \
+		target=local:bin/soak/cluster; \
 	fi; \
-	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $$faults --tables $(SOAK_TABLES) --out bin/soak || status=$$?; \
+	status=0; bin/raftps chaos --target $$target --duration $(SOAK) --every $(SOAK_EVERY) --down 3s --faults $(SOAK_FAULTS) --tables $(SOAK_TABLES) --out bin/soak || status=$$?; \
 	if [ "$(SOAK_TARGET)" = docker ]; then $(MAKE) --no-print-directory compose-down; else bin/raftps cluster down --dir bin/soak/cluster >/dev/null; fi; \
 	exit $$status
 

@@ -149,11 +149,11 @@ func TestBinaryReadsThroughNodeFaults(t *testing.T) {
 					t.Logf("  slow pull: called %s into the fault, took %s, keys %v", time.Duration(op.Call-rec.At(w.from)).Round(time.Millisecond), time.Duration(op.Return-op.Call).Round(time.Millisecond), op.Keys)
 				}
 			}
-			if w.name == "slow (200 ms)" {
-				continue // measured, not held to the bounds below (see RELIABILITY.md)
-			}
 			if len(failed) > 0 {
 				t.Errorf("table %s, node %s %s: %d pulls failed, the first: %v", spec.Name, victim, w.name, len(failed), failed[0])
+			}
+			if w.name == "slow (200 ms)" {
+				continue // its latency is measured, not held to the second (RELIABILITY.md)
 			}
 			if len(lat) == 0 || slowest > time.Second {
 				t.Errorf("table %s, node %s %s: %d pulls, the slowest %v; want some, none over 1s", spec.Name, victim, w.name, len(lat), slowest)

@@ -56,9 +56,6 @@ func (g *Group) AllReduce(ctx context.Context, buf []float32, op Op) error {
 	} else {
 		err = s.ring(buf, op)
 	}
-	if err != nil {
-		err = g.firstErr(err)
-	}
 	return g.end(err)
 }
 
@@ -144,16 +141,7 @@ func (s *opState) ring(buf []float32, op Op) error {
 		rLo, rHi := segment(r-1-t, n, l)
 		lo := rLo + k*chunk
 		c := buf[lo:min(lo+chunk, rHi)]
-		if t < n-1 {
-			in := scratch[:len(c)]
-			if recvErr = s.recv(left, t, in); recvErr != nil {
-				break
-			}
-			addInto(c, in)
-			if t == n-2 && op == Mean {
-				divide(c, float32(n))
-			}
-		} else if recvErr = s.recv(left, t, c); recvErr != nil {
+		if recvErr = s.recvChunk(left, t, c, scratch, op, addInto); recvErr != nil {
 			break
 		}
 		if t < steps-1 {
@@ -263,6 +251,26 @@ var ringLag = 0
 // operation runs).
 var ringSched = schedWavefront
 
+// recvChunk receives step t's frame for chunk c of the ring from left:
+// in the reduce-scatter steps (t < n-1) into scratch, then added into c
+// with add (divided by n at the last such step, for Mean); in the allgather
+// steps straight into c, since it is the final sum.
+func (s *opState) recvChunk(left *peer, t int, c, scratch []float32, op Op, add func(dst, src []float32)) error {
+	n := len(s.g.peers)
+	if t >= n-1 {
+		return s.recv(left, t, c)
+	}
+	in := scratch[:len(c)]
+	if err := s.recv(left, t, in); err != nil {
+		return err
+	}
+	add(c, in)
+	if t == n-2 && op == Mean {
+		divide(c, float32(n))
+	}
+	return nil
+}
+
 // errAborted is what the ring's sender returns when the receiver failed
 // first; the receiver's error is the one reported.
 var errAborted = errors.New("collective: ring sender aborted")
@@ -297,16 +305,7 @@ func (s *opState) ringLockstep(buf []float32, op Op) error {
 			lo := k * chunk
 			hi := min(lo+chunk, len(dst))
 			c := dst[lo:hi]
-			if t < n-1 {
-				in := scratch[:len(c)]
-				if recvErr = s.recv(left, t, in); recvErr != nil {
-					break
-				}
-				addIntoGo(c, in)
-				if t == n-2 && op == Mean {
-					divide(c, float32(n))
-				}
-			} else if recvErr = s.recv(left, t, c); recvErr != nil {
+			if recvErr = s.recvChunk(left, t, c, scratch, op, addIntoGo); recvErr != nil {
 				break
 			}
 			if testHookRecv != nil {

@@ -28,9 +28,6 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 	} else {
 		err = s.chain(buf, root)
 	}
-	if err != nil {
-		err = g.firstErr(err)
-	}
 	return g.end(err)
 }
 
@@ -101,9 +98,6 @@ func (g *Group) Barrier(ctx context.Context) error {
 		if err = s.send(g.peers[(r+d)%n], step, nil); err == nil {
 			err = s.recv(g.peers[(r-d+n)%n], step, nil)
 		}
-	}
-	if err != nil {
-		err = g.firstErr(err)
 	}
 	return g.end(err)
 }

@@ -41,11 +41,11 @@ type Group struct {
 // Rank returns this process's rank.
 func (g *Group) Rank() int { return g.cfg.Rank }
 
-// Size returns the number of ranks in the group.
-func (g *Group) Size() int { return len(g.cfg.Addrs) }
-
 // Generation returns the group's generation.
 func (g *Group) Generation() uint64 { return g.cfg.Generation }
+
+// Size returns the number of ranks in the group.
+func (g *Group) Size() int { return len(g.cfg.Addrs) }
 
 // Err returns the error that broke the group, ErrClosed after Close, or nil.
 func (g *Group) Err() error {
@@ -108,11 +108,13 @@ func (g *Group) begin(ctx context.Context, name string, op uint8, total int) (*o
 
 // end finishes an operation. A failure breaks the group and closes every
 // connection, so that the peers' reads and writes fail at once instead of
-// waiting for their timeout.
+// waiting for their timeout; the error returned is the operation's first
+// (firstErr), not whichever goroutine's failure err happens to be.
 func (g *Group) end(err error) error {
 	defer g.op.Unlock()
 	g.unwatch()
 	if err != nil {
+		err = g.firstErr(err)
 		g.fail(err)
 	}
 	return err

@@ -48,6 +48,23 @@ func joinEach[C, T any](cfgs []C, join func(context.Context, C) (T, error)) ([]T
 	return out, errs
 }
 
+// mustJoinEach joins every rank concurrently, fails the test if any join
+// fails, and closes them all when the test ends.
+func mustJoinEach[C, T any, P interface {
+	*T
+	Close() error
+}](t testing.TB, cfgs []C, join func(context.Context, C) (P, error)) []P {
+	t.Helper()
+	ps, errs := joinEach(cfgs, join)
+	t.Cleanup(func() { closeAll(ps) })
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("join rank %d: %v", r, err)
+		}
+	}
+	return ps
+}
+
 // closeAll closes the groups or quorum runs that were formed.
 func closeAll[T any, P interface {
 	*T
@@ -72,14 +89,7 @@ func makeGroup(t testing.TB, n int, mod func(*Config)) []*Group {
 			mod(&cfgs[r])
 		}
 	}
-	gs, errs := joinEach(cfgs, Join)
-	t.Cleanup(func() { closeAll(gs) })
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("join rank %d: %v", r, err)
-		}
-	}
-	return gs
+	return mustJoinEach(t, cfgs, Join)
 }
 
 // onAll runs f on every rank concurrently and returns each rank's error.

@@ -175,14 +175,7 @@ func joinQuorum(t *testing.T, n, need int, steps uint64, mod func(*QuorumConfig)
 			mod(&cfgs[r])
 		}
 	}
-	qs, errs := joinEach(cfgs, JoinQuorum)
-	t.Cleanup(func() { closeAll(qs) })
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("join rank %d: %v", r, err)
-		}
-	}
-	return qs
+	return mustJoinEach(t, cfgs, JoinQuorum)
 }
 
 // runQuorum runs train on every rank and returns the errors, the final
@@ -219,6 +212,18 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 			t.Fatalf("%s: element %d is %g, want %g", what, i, got[i], want[i])
 		}
 	}
+}
+
+// closeQuorums closes every rank's quorum and checks that none left a
+// goroutine behind.
+func closeQuorums(t *testing.T, qs []*Quorum) {
+	t.Helper()
+	for r, q := range qs {
+		if err := q.Close(); err != nil {
+			t.Errorf("close rank %d: %v", r, err)
+		}
+	}
+	checkNoQuorumGoroutines(t)
 }
 
 // checkNoQuorumGoroutines waits for every goroutine of the quorum code to
@@ -262,12 +267,7 @@ func TestQuorumSync(t *testing.T) {
 			for r := range n {
 				sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
 			}
-			for r, q := range qs {
-				if err := q.Close(); err != nil {
-					t.Errorf("close rank %d: %v", r, err)
-				}
-			}
-			checkNoQuorumGoroutines(t)
+			closeQuorums(t, qs)
 		})
 	}
 }
@@ -320,12 +320,7 @@ func TestQuorumStraggler(t *testing.T) {
 			t.Errorf("rank %d took %s: it waited for the straggler", r, took[r])
 		}
 	}
-	for r, q := range qs {
-		if err := q.Close(); err != nil {
-			t.Errorf("close rank %d: %v", r, err)
-		}
-	}
-	checkNoQuorumGoroutines(t)
+	closeQuorums(t, qs)
 }
 
 // TestQuorumDoneOrdering: a step is released (and Update called) only after
@@ -411,12 +406,7 @@ func TestQuorumRankLeaves(t *testing.T) {
 	for r := range 3 {
 		sameBits(t, fmt.Sprintf("rank %d final state", r), finals[r], want)
 	}
-	for r, q := range qs {
-		if err := q.Close(); err != nil {
-			t.Errorf("close rank %d: %v", r, err)
-		}
-	}
-	checkNoQuorumGoroutines(t)
+	closeQuorums(t, qs)
 }
 
 // TestQuorumCancelLeaves: rank 2's Next is cancelled while the step it waits
@@ -570,16 +560,17 @@ func TestQuorumCoordinatorCrash(t *testing.T) {
 	qs := joinQuorum(t, n, need, steps, func(c *QuorumConfig) { c.Timeout = timeout })
 	var rec qRecord
 	var crashed time.Time
-	errs, _, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
-		if r != 1 { // rank 1 sees the crash at once
-			return qHooks{}
+	crash := qHooks{afterNext: func(step uint64) {
+		if step >= 4 && crashed.IsZero() {
+			crashed = time.Now()
+			qs[0].co.teardown()
 		}
-		return qHooks{afterNext: func(step uint64) {
-			if step >= 4 && crashed.IsZero() {
-				crashed = time.Now()
-				qs[0].co.teardown()
-			}
-		}}
+	}}
+	errs, _, _ := runQuorum(qs, steps, &rec, func(r int) qHooks {
+		if r == 1 { // rank 1 crashes rank 0, so it sees the crash at once
+			return crash
+		}
+		return qHooks{}
 	})
 	for r := 1; r < n; r++ {
 		var pe *PeerError

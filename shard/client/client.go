@@ -38,8 +38,8 @@ type Client struct {
 	specBusy map[string]bool
 	closed   bool
 	// silent: nodes that did not answer an attempt lately (timed out, or the
-	// connection failed), by when; retries ask them last.
-	silent map[string]time.Time
+	// connection failed); retries ask them last. Its own lock.
+	silent marks
 
 	hedge hedgeState // hedge.go
 }
@@ -71,7 +71,7 @@ func New(cfg Config) (*Client, error) {
 	return &Client{
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
 		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
-		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{}, silent: map[string]time.Time{},
+		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{}, silent: marks{ttl: silentFor}, hedge: hedgeState{slow: marks{ttl: slowFor}},
 	}, nil
 }
 
@@ -303,22 +303,8 @@ func (c *Client) callFailed(ctx, actx context.Context, addr string, err error) e
 	return rerr
 }
 
-func (c *Client) isSilent(addr string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, ok := c.silent[addr]
-	if ok && time.Since(t) >= silentFor {
-		delete(c.silent, addr)
-		return false
-	}
-	return ok
-}
-
-func (c *Client) markSilent(addr string) {
-	c.mu.Lock()
-	c.silent[addr] = time.Now()
-	c.mu.Unlock()
-}
+func (c *Client) isSilent(addr string) bool { return c.silent.has(addr) }
+func (c *Client) markSilent(addr string)    { c.silent.mark(addr) }
 
 // order drops repeated addresses (the first stays) and moves the nodes a
 // hedge beat lately, then those that did not answer in the last silentFor,

@@ -40,14 +40,14 @@ const (
 	slowFor = 2 * time.Second
 )
 
-// hedgeState is a client's hedging bookkeeping; mu guards it all.
+// hedgeState is a client's hedging bookkeeping; mu guards all but slow.
 type hedgeState struct {
+	slow   marks // nodes a hedge beat lately; its own lock
 	mu     sync.Mutex
 	lat    [latencyWindow]time.Duration // ring of recent latencies
 	n      int                          // latencies recorded, up to latencyWindow
 	next   int                          // where the next one goes
 	credit float64
-	slow   map[string]time.Time // nodes a hedge beat lately, by when
 	// sorted is scratch for the percentile, reused under mu.
 	sorted []time.Duration
 	// Hedges counts the hedge calls sent, for tests and the benchmark.
@@ -109,24 +109,5 @@ func (c *Client) Hedges() uint64 {
 	return c.hedge.hedges
 }
 
-func (c *Client) markSlow(addr string) {
-	h := &c.hedge
-	h.mu.Lock()
-	if h.slow == nil {
-		h.slow = map[string]time.Time{}
-	}
-	h.slow[addr] = time.Now()
-	h.mu.Unlock()
-}
-
-func (c *Client) isSlow(addr string) bool {
-	h := &c.hedge
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t, ok := h.slow[addr]
-	if ok && time.Since(t) >= slowFor {
-		delete(h.slow, addr)
-		return false
-	}
-	return ok
-}
+func (c *Client) markSlow(addr string)    { c.hedge.slow.mark(addr) }
+func (c *Client) isSlow(addr string) bool { return c.hedge.slow.has(addr) }

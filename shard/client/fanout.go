@@ -56,13 +56,14 @@ type part struct {
 	// The part's resolution during its fan-out, guarded by mu: done once
 	// an attempt's answer was placed (the first wins); inflight counts the
 	// batch calls that carry it and have not answered; escalated once it
-	// went to the per-shard path; calls are the batch calls carrying it.
-	index     int
+	// went to the per-shard path; calls are the batch calls carrying it;
+	// err is how it ended (nil when answered), read once the fan-out ends.
 	mu        sync.Mutex
 	done      bool
 	inflight  int
 	escalated bool
 	calls     []*batchCall
+	err       error
 }
 
 // claim reports whether the caller's answer is the part's first: only that
@@ -112,7 +113,6 @@ type fan struct {
 	table string
 	op    partOp
 	parts []*part
-	errs  []error // by part index; each written by the one goroutine that resolves the part
 	wg    sync.WaitGroup
 }
 
@@ -129,10 +129,9 @@ type fan struct {
 // changes and map moves. Every pull, at every level, and every push goes
 // through here, so each gets the same handling of dead and slow nodes.
 func (c *Client) fanOut(ctx context.Context, table string, parts []*part, op partOp) error {
-	f := &fan{c: c, ctx: ctx, table: table, op: op, parts: parts, errs: make([]error, len(parts))}
+	f := &fan{c: c, ctx: ctx, table: table, op: op, parts: parts}
 	byNode := map[string][]*part{}
-	for i, p := range parts {
-		p.index = i
+	for _, p := range parts {
 		if p.addr == "" {
 			f.escalate(p, "")
 			continue
@@ -143,7 +142,13 @@ func (c *Client) fanOut(ctx context.Context, table string, parts []*part, op par
 		f.send(addr, ps, true)
 	}
 	f.wg.Wait()
-	return errors.Join(f.errs...)
+	errs := make([]error, len(parts))
+	for i, p := range parts {
+		p.mu.Lock()
+		errs[i] = p.err
+		p.mu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // send makes one batch call of ps to addr; a primary call may be hedged.
@@ -248,8 +253,8 @@ func (f *fan) ended(p *part, b *batchCall, err error, retry bool, hint string) {
 		calls := p.calls
 		p.calls = nil
 		won := p.addr != b.addr
+		p.err = nil
 		p.mu.Unlock()
-		f.errs[p.index] = nil
 		if won {
 			// A hedge beat the node first asked: ask it later for a while.
 			f.c.markSlow(p.addr)
@@ -266,8 +271,8 @@ func (f *fan) ended(p *part, b *batchCall, err error, retry bool, hint string) {
 		return
 	}
 	if !retry {
+		p.err = err
 		p.mu.Unlock()
-		f.errs[p.index] = err
 		return
 	}
 	p.mu.Unlock()
@@ -285,13 +290,16 @@ func (f *fan) escalate(p *part, hint string) {
 	p.escalated = true
 	p.mu.Unlock()
 	f.wg.Go(func() {
-		f.errs[p.index] = f.c.shardRetry(f.ctx, f.table, p.shard, hint, func(ctx context.Context, addr string) error {
+		err := f.c.shardRetry(f.ctx, f.table, p.shard, hint, func(ctx context.Context, addr string) error {
 			st, err := f.c.stub(addr)
 			if err != nil {
 				return err
 			}
 			return f.op.single(ctx, addr, st, p)
 		})
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
 	})
 }
 

@@ -241,6 +241,16 @@ func (o *pullOp) request(p *part) *shardpb.PullRequest {
 	return &req
 }
 
+// requestNow is part p's request with the shard's current epoch: a new
+// message each call, since a hedged part is in two calls at once and gRPC
+// marshals each request while the other call may be building its own.
+// The keys are shared; nothing writes them.
+func (o *pullOp) requestNow(p *part) *shardpb.PullRequest {
+	r := o.reqs[p]
+	return &shardpb.PullRequest{Table: r.Table, Shard: r.Shard, Keys: r.Keys, Consistency: r.Consistency,
+		StalenessBoundNs: r.StalenessBoundNs, AllowWeaker: r.AllowWeaker, Epoch: o.c.epoch(o.table, p.shard)}
+}
+
 // place puts a part's answer where Pull reads it, if it is the part's
 // first.
 func (o *pullOp) place(p *part, addr string, values []byte) error {
@@ -267,9 +277,7 @@ func (o *pullOp) place(p *part, addr string, values []byte) error {
 func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterServerClient, parts []*part) ([]partResult, error) {
 	req := &shardpb.PullBatchRequest{Parts: make([]*shardpb.PullRequest, len(parts))}
 	for i, p := range parts {
-		r := o.reqs[p]
-		r.Epoch = o.c.epoch(o.table, p.shard)
-		req.Parts[i] = r
+		req.Parts[i] = o.requestNow(p)
 	}
 	resp, err := st.PullBatch(ctx, req)
 	if err != nil {
@@ -294,8 +302,7 @@ func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterSer
 }
 
 func (o *pullOp) single(ctx context.Context, addr string, st shardpb.ParameterServerClient, p *part) error {
-	req := o.reqs[p]
-	req.Epoch = o.c.epoch(o.table, p.shard)
+	req := o.requestNow(p)
 	resp, err := st.Pull(ctx, req)
 	if err != nil {
 		return err

@@ -57,12 +57,12 @@ func NewClientGate(cfg Config) (*Gate, error) {
 		if err != nil {
 			return p, err
 		}
-		min, ok := MinRole(method)
+		need, ok := MinRole(method)
 		switch {
 		case !ok:
 			return p, denied(fmt.Sprintf("%s is not a method of the client API that anyone may call", method))
-		case !p.Role.Allows(min):
-			return p, denied(fmt.Sprintf("%v may not call %s: it needs role %v", p, shortMethod(method), min))
+		case !p.Role.Allows(need):
+			return p, denied(fmt.Sprintf("%v may not call %s: it needs role %v", p, shortMethod(method), need))
 		}
 		return p, nil
 	}

@@ -2,6 +2,8 @@ package auth_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net"
 	"strings"
@@ -419,5 +421,27 @@ func TestChecksWithoutGate(t *testing.T) {
 	}
 	if _, err := auth.NewPeerGate(auth.Config{Insecure: true, Tokens: auth.TokenSet{}}); err == nil {
 		t.Error("a peer gate that takes tokens")
+	}
+}
+
+// TestPeerGateChecksAgain: the peer gate refuses a client's verified
+// certificate and a call without TLS itself, should the listener's TLS
+// configuration ever let one through.
+func TestPeerGateChecksAgain(t *testing.T) {
+	d := certstest.New(t)
+	g, err := auth.NewPeerGate(auth.Config{Source: certstest.Source(t, d.Node("n1"), certs.NodeIdentity("n1"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := tls.LoadX509KeyPair(d.Client("ops", certs.RoleAdmin).Cert, d.Client("ops", certs.RoleAdmin).Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withTLS := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{kp.Leaf}}}}})
+	if _, err := g.Check(withTLS, shardpb.Peer_Status_FullMethodName); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "client ops (admin) may not call the peer API") {
+		t.Errorf("a client's certificate: %v", err)
+	}
+	if _, err := g.Check(context.Background(), shardpb.Peer_Status_FullMethodName); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("no TLS: %v", err)
 	}
 }

@@ -24,7 +24,9 @@
 //   - TLS configurations (tlsconfig.go), TLS 1.3 only: the client listener
 //     (client certificate optional, verified if given), the peer listener
 //     (a node certificate required), and dialers (the server must be a node
-//     of the CA, for the host dialed; VerifyServer also checks which node).
+//     of the CA valid for the host dialed and, given its ID, that node;
+//     one configuration per dial, since TLS does not tell a dialer which
+//     IP address it dialed).
 //
 // It imports the standard library only, so the Go client (shard/client)
 // can load client material without linking any server machinery. What a

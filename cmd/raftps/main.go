@@ -30,6 +30,7 @@ var commands = map[string]command{
 	"train":   {"train a CTR model on synthetic data against the cluster: raftps train --model lr|dlrm", runTrain},
 	"chaos":   {"inject faults into a cluster under a checked workload and report what was lost: raftps chaos --target local:DIR|docker:PROJECT", runChaos},
 	"cluster": {"run a local cluster of separate processes: raftps cluster up|add|down|kill NODE|restart NODE --dir D", runCluster},
+	"cert":    {"make and list certificates: raftps cert create-ca|create-node|create-client|list --certs-dir D", runCert},
 	"health":  {"exit 0 if a node's /healthz answers 200 (for container healthchecks): raftps health [--http ADDR]", runHealth},
 }
 

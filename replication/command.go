@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"unsafe"
+
+	"github.com/raftps/raftps/store"
 )
 
 // A log entry of a shard replica is one command (a chain entry's, after the
@@ -79,6 +81,9 @@ func (r *pushBatchReader) reset(cmd []byte, dim int) error {
 	if len(cmd) < 9 || cmd[0] != cmdPush {
 		return fmt.Errorf("push batch: bad header")
 	}
+	if dim < 1 || dim > store.MaxDim {
+		return fmt.Errorf("push batch: dimension %d", dim)
+	}
 	r.dim = dim
 	r.leaderTime = int64(binary.LittleEndian.Uint64(cmd[1:]))
 	n, k := binary.Uvarint(cmd[9:])
@@ -86,7 +91,29 @@ func (r *pushBatchReader) reset(cmd []byte, dim int) error {
 		return fmt.Errorf("push batch: bad count")
 	}
 	r.left, r.rest = n, cmd[9+k:]
+	// Every push takes at least its header: a count the bytes cannot hold
+	// is refused before anything is sized by it.
+	if n > uint64(len(r.rest)/pushHeader) {
+		return fmt.Errorf("push batch: %d pushes declared in %d bytes", n, len(r.rest))
+	}
 	return nil
+}
+
+// pushHeader is the size of a push before its keys: client, seq, key count.
+const pushHeader = 8 + 8 + 4
+
+// validate walks the rest of the batch without copying anything and
+// returns why it does not decode whole, if it does not. The reader itself
+// does not move (it is a copy).
+func (r pushBatchReader) validate() error {
+	for {
+		_, size, ok, err := r.span()
+		if !ok {
+			return err
+		}
+		r.rest = r.rest[size:]
+		r.left--
+	}
 }
 
 // span checks that the next push is whole and returns its key count and
@@ -98,15 +125,18 @@ func (r *pushBatchReader) span() (n, size int, ok bool, err error) {
 		}
 		return 0, 0, false, nil
 	}
-	if len(r.rest) < 20 {
+	if len(r.rest) < pushHeader {
 		return 0, 0, false, fmt.Errorf("push batch: truncated push header")
 	}
-	n = int(binary.LittleEndian.Uint32(r.rest[16:]))
-	size = 20 + n*8 + n*r.dim*4
-	if n < 0 || size < 0 || len(r.rest) < size {
-		return 0, 0, false, fmt.Errorf("push batch: push of %d keys truncated", n)
+	// Compared by division, so that no product of a declared count can
+	// overflow whatever the dimension.
+	keys := uint64(binary.LittleEndian.Uint32(r.rest[16:]))
+	row := uint64(8 + r.dim*4)
+	if keys > uint64(len(r.rest)-pushHeader)/row {
+		return 0, 0, false, fmt.Errorf("push batch: push of %d keys truncated", keys)
 	}
-	return n, size, true, nil
+	n = int(keys)
+	return n, pushHeader + n*int(row), true, nil
 }
 
 // next returns the next push, or nil at the end.
@@ -120,8 +150,8 @@ func (r *pushBatchReader) next() (*Push, error) {
 	p.Seq = binary.LittleEndian.Uint64(r.rest[8:])
 	p.Keys = growU64(p.Keys, n)
 	p.Grads = growF32(p.Grads, n*r.dim)
-	copy(KeysBytes(p.Keys), r.rest[20:20+n*8])
-	copy(ValuesBytes(p.Grads), r.rest[20+n*8:need])
+	copy(KeysBytes(p.Keys), r.rest[pushHeader:pushHeader+n*8])
+	copy(ValuesBytes(p.Grads), r.rest[pushHeader+n*8:need])
 	r.rest = r.rest[need:]
 	r.left--
 	return p, nil
@@ -143,7 +173,7 @@ func PushedKeys(dst []uint64, cmd []byte, dim int) []uint64 {
 		}
 		k := len(dst)
 		dst = slices.Grow(dst, n)[:k+n]
-		copy(KeysBytes(dst[k:]), r.rest[20:20+n*8])
+		copy(KeysBytes(dst[k:]), r.rest[pushHeader:pushHeader+n*8])
 		r.rest = r.rest[size:]
 		r.left--
 	}

@@ -31,8 +31,18 @@ var (
 	// ErrBadRequest: the request is malformed (zero client ID or seq, empty
 	// batch, too large).
 	ErrBadRequest = errors.New("bad request")
+	// ErrBadEntry: a log entry that cannot be applied (it does not decode
+	// whole, or is of no known type). The FSM refuses it whole, alike on
+	// every replica, and changes nothing; the pushes in it fail with it. A
+	// leader never builds one: it takes a bug or raw bytes in the log.
+	ErrBadEntry = errors.New("bad log entry")
 	// ErrGroupClosed: the group has been shut down on this node.
 	ErrGroupClosed = errors.New("group closed")
+	// ErrCorruptReplica: a replica's files failed a check on open (a bolt
+	// page, a log entry's checksum, a snapshot's CRC) or opening them
+	// panicked. The replica cannot be trusted; its node sets it aside and
+	// has it rebuilt from its peers.
+	ErrCorruptReplica = errors.New("corrupt replica")
 )
 
 // NotLeaderError is ErrNotLeader with the leader this replica knows of, if any.

@@ -87,6 +87,11 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 	if heard, ok := t.mux.LastHeard(leaderAddr); ok && now.Sub(heard) < wait {
 		return false, nil
 	}
+	if !r.reachesMajority(leaderID, now, silence) {
+		// Cut off ourselves: an election without pre-vote would only
+		// raise our term, and at the heal depose a leader that lives.
+		return false, nil
+	}
 	term := r.Raft.CurrentTerm()
 	if r.expeditedTerm.Load() >= term {
 		// Once per term: if this election fails, raft's timers go on.
@@ -100,12 +105,46 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 	// Raft may have changed state since the check above; TimeoutNow would
 	// then make a leader campaign again. The window is a few instructions
 	// of raft's main loop, and the worst outcome is one more election.
-	if _, err := t.dispatch(ctx, &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
+	if _, err := t.deliver(ctx, &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
 		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(r.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
 		return false, fmt.Errorf("group %s: starting an election: %w", r.cfg.ID, err)
 	}
 	expedited.Add(1)
 	return true, nil
+}
+
+// reachesMajority says whether this node has heard, within silence, from
+// the nodes of enough voters other than leader to make a majority with
+// this replica: raft's pre-vote asks the same of a candidate, and the
+// election ExpediteElection starts skips it.
+func (r *RaftReplica) reachesMajority(leader raft.ServerID, now time.Time, silence time.Duration) bool {
+	t, ok := r.cfg.Transport.(*Transport)
+	if !ok {
+		return false
+	}
+	f := r.Raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	voters, reached := 0, 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		switch {
+		case s.ID == r.cfg.NodeID:
+			reached++
+		case s.ID == leader:
+		default:
+			if heard, ok := t.mux.LastHeard(s.Address); ok && now.Sub(heard) < silence {
+				reached++
+			} else {
+				t.mux.watch(s.Address)
+			}
+		}
+	}
+	return reached > voters/2
 }
 
 // voterRank is this replica's position among the group's voters other than
@@ -131,4 +170,32 @@ func (r *RaftReplica) voterRank(leader raft.ServerID) (int, bool) {
 	}
 	slices.Sort(ids)
 	return slices.Index(ids, r.cfg.NodeID), true
+}
+
+// campaignFirst starts the first election of a group just bootstrapped,
+// on the replica whose ID is the lowest of the voters: without it, a new
+// group waits a heartbeat timeout or two for raft's timer (1–2 s at shard
+// groups' default), and a table is not ready before every shard has a
+// leader. Its peers' transports wait for their replica to open
+// (lookupWait), so the votes it asks for are answered once they have.
+func (r *RaftReplica) campaignFirst() {
+	t, ok := r.cfg.Transport.(*Transport)
+	if !ok {
+		return
+	}
+	first := raft.ServerID("")
+	for _, s := range r.cfg.Peers {
+		if s.Suffrage == raft.Voter && (first == "" || s.ID < first) {
+			first = s.ID
+		}
+	}
+	if first != r.cfg.NodeID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := t.deliver(ctx, &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
+		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(r.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
+		r.cfg.Logger.Info("starting the first election", "group", r.cfg.ID, "error", err)
+	}
 }

@@ -9,6 +9,9 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication/internal/reptest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // expediteCluster is one shard group per name on the same three Mux nodes,
@@ -30,7 +33,15 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}}
 	var peers []raft.Server
 	for range 3 {
-		n := startTestNode(t)
+		// As a node's Authorize, which finds the caller in the gRPC
+		// context: an election this node starts for its own replica
+		// comes through no listener and must not be asked for one.
+		n := startTestNodeWith(t, MuxConfig{Authorize: func(ctx context.Context, _, _, _ string) error {
+			if _, ok := peer.FromContext(ctx); !ok {
+				return status.Error(codes.Unauthenticated, "no caller")
+			}
+			return nil
+		}})
 		c.nodes = append(c.nodes, n)
 		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
 	}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/store"
 )
@@ -40,6 +41,7 @@ type FSM struct {
 	lastTime  int64 // leader time of the last push batch applied
 	appliedIx atomic.Uint64
 	notify    atomic.Pointer[chan struct{}] // closed after each apply, then replaced
+	metrics   *GroupMetrics
 }
 
 // pushOutcome is the FSM's answer for one push of a batch.
@@ -55,9 +57,11 @@ type ApplyResult struct {
 	err      error // the entry itself could not be decoded
 }
 
-// Err reports that the command did not decode whole (or is of no known
-// type). The pushes before the undecodable one were applied, alike on every
-// replica: it is a bad entry, not a divergence.
+// Err reports that the command was refused whole (ErrBadEntry): it does not
+// decode (truncated, a count larger than its bytes hold, trailing bytes) or
+// is of no known type. Such an entry changes nothing, on every replica
+// alike, since all decode the same bytes the same way: it is a bad entry,
+// not a divergence, and every push in it is answered with the error.
 func (r *ApplyResult) Err() error { return r.err }
 
 // NewFSM returns the empty state of a replica of a shard of the table cfg;
@@ -92,11 +96,24 @@ func (f *FSM) ApplyCommand(cmd []byte) *ApplyResult {
 		return &ApplyResult{}
 	}
 	if len(cmd) == 0 || cmd[0] != cmdPush {
-		return &ApplyResult{err: fmt.Errorf("group %s: unknown command type", f.group)}
+		typ := -1
+		if len(cmd) > 0 {
+			typ = int(cmd[0])
+		}
+		return &ApplyResult{err: fmt.Errorf("group %s: %w: unknown command type %d (%d bytes)", f.group, ErrBadEntry, typ, len(cmd))}
 	}
+	// Wall-clock time only feeds the metrics, never the state.
+	start := time.Now()
+	rows := 0
 	r := &f.reader
-	if err := r.reset(cmd, f.cfg.Dim); err != nil {
-		return &ApplyResult{err: fmt.Errorf("group %s: %w", f.group, err)}
+	err := r.reset(cmd, f.cfg.Dim)
+	if err == nil {
+		// The whole entry is checked before any of it is applied, so a bad
+		// one leaves the state as it was, not half-applied.
+		err = r.validate()
+	}
+	if err != nil {
+		return &ApplyResult{err: fmt.Errorf("group %s: %w: %w", f.group, ErrBadEntry, err)}
 	}
 	now := r.leaderTime
 	f.lastTime = max(f.lastTime, now)
@@ -105,15 +122,16 @@ func (f *FSM) ApplyCommand(cmd []byte) *ApplyResult {
 	for {
 		p, err := r.next()
 		if err != nil {
-			// Outcomes so far stand: those pushes were applied on every
-			// replica, which all decode the same bytes the same way.
-			res.err = fmt.Errorf("group %s: %w", f.group, err)
+			// validate passed, so this is a bug in the reader, not a bad
+			// entry; still no panic, and every replica fails alike.
+			res.err = fmt.Errorf("group %s: %w: %w", f.group, ErrBadEntry, err)
 			return res
 		}
 		if p == nil {
 			break
 		}
 		var o pushOutcome
+		rows += len(p.Keys)
 		switch err := f.dd.check(p.Client, p.Seq, now); {
 		case errors.Is(err, errDuplicate):
 			o.duplicate = true
@@ -130,8 +148,16 @@ func (f *FSM) ApplyCommand(cmd []byte) *ApplyResult {
 		f.sinceGC = 0
 		f.dd.expire(now)
 	}
+	f.metrics.applied(start, len(res.outcomes), rows)
 	return res
 }
+
+// SetMetrics makes the FSM record its applies and installed snapshots in m
+// (nil: none). Call it before the FSM is used.
+func (f *FSM) SetMetrics(m *GroupMetrics) { f.metrics = m }
+
+// Metrics returns what SetMetrics set.
+func (f *FSM) Metrics() *GroupMetrics { return f.metrics }
 
 // SetApplied records that every entry up to ix is applied, and wakes
 // waitApplied.
@@ -207,7 +233,8 @@ func (s *Snapshot) Release() { s.snap.Release() }
 // changes nothing.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	br := bufio.NewReaderSize(rc, 1<<20)
+	start, counted := time.Now(), &countingReader{ReadCloser: rc}
+	br := bufio.NewReaderSize(counted, 1<<20)
 	head := make([]byte, 20)
 	if _, err := io.ReadFull(br, head); err != nil {
 		return fmt.Errorf("group %s: restore: reading header: %w", f.group, err)
@@ -241,11 +268,16 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.table.Store(t)
 	f.dd = dd
 	f.SetApplied(ix)
+	f.metrics.Snapshot(true, counted.n, time.Since(start))
 	return nil
 }
 
 // raftFSM is an FSM as raft.FSM: a Raft group's log entries are commands.
-type raftFSM struct{ *FSM }
+// A bad entry is refused (ApplyResult.Err) and logged on each replica.
+type raftFSM struct {
+	*FSM
+	log hclog.Logger
+}
 
 var _ raft.BatchingFSM = raftFSM{}
 
@@ -255,7 +287,11 @@ func (f raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	for i, l := range logs {
 		if l.Type == raft.LogCommand {
-			out[i] = f.ApplyCommand(l.Data)
+			res := f.ApplyCommand(l.Data)
+			if res.err != nil && f.log != nil {
+				f.log.Warn("bad log entry refused", "group", f.group, "index", l.Index, "term", l.Term, "error", res.err)
+			}
+			out[i] = res
 		}
 	}
 	if len(logs) > 0 {
@@ -264,15 +300,26 @@ func (f raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	return out
 }
 
-func (f raftFSM) Snapshot() (raft.FSMSnapshot, error) { return raftSnapshot{f.FSM.Snapshot()}, nil }
+func (f raftFSM) Snapshot() (raft.FSMSnapshot, error) {
+	return raftSnapshot{f.FSM.Snapshot(), f.metrics}, nil
+}
 
 // raftSnapshot is a Snapshot as raft.FSMSnapshot.
-type raftSnapshot struct{ *Snapshot }
+type raftSnapshot struct {
+	*Snapshot
+	metrics *GroupMetrics
+}
 
 func (s raftSnapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := s.WriteTo(sink); err != nil {
+	start := time.Now()
+	n, err := s.WriteTo(sink)
+	if err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("persisting snapshot: %w", err)
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	s.metrics.Snapshot(false, n, time.Since(start))
+	return nil
 }

@@ -129,7 +129,7 @@ func TestDedupeWindow(t *testing.T) {
 
 func applyCmd(t *testing.T, f *FSM, ix uint64, pushes ...*Push) *ApplyResult {
 	t.Helper()
-	res := raftFSM{f}.Apply(&raft.Log{Index: ix, Type: raft.LogCommand, Data: encodePushBatch(int64(ix), pushes)})
+	res := raftFSM{FSM: f}.Apply(&raft.Log{Index: ix, Type: raft.LogCommand, Data: encodePushBatch(int64(ix), pushes)})
 	br, ok := res.(*ApplyResult)
 	if !ok || br.err != nil {
 		t.Fatalf("apply %d: %#v", ix, res)
@@ -186,7 +186,7 @@ func TestFSMSnapshotRestoreKeepsDedupe(t *testing.T) {
 	for i := uint64(1); i <= 50; i++ {
 		applyCmd(t, f, i, &Push{Client: i%4 + 1, Seq: i, Keys: []uint64{i % 7, i % 5}, Grads: []float32{1, 2, 3, 4, 5, 6}})
 	}
-	snap, err := raftFSM{f}.Snapshot()
+	snap, err := raftFSM{FSM: f}.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,248 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/raftps/raftps/store"
-	"go.etcd.io/bbolt"
 )
-
-// RaftConfig configures one replica of any Raft group this package opens:
-// a shard group (Group) or another FSM (OpenRaft). Zero durations and sizes
-// get the defaults of DefaultRaftConfig.
-type RaftConfig struct {
-	// ID names the group on every node, e.g. "users/3". It is the transport's
-	// group ID.
-	ID string
-	// NodeID is this node's Raft server ID.
-	NodeID raft.ServerID
-	// Dir holds this replica's Raft log (raft.db) and snapshots; created if missing.
-	Dir string
-	// Transport carries this group's Raft traffic.
-	Transport raft.Transport
-	// Peers is the initial membership, used only when Dir holds no Raft state
-	// yet. Every replica of a new group is given the same list.
-	Peers []raft.Server
-
-	// Raft timing. A follower starts an election after a random time in
-	// [HeartbeatTimeout, 2×HeartbeatTimeout] without hearing from the leader,
-	// so HeartbeatTimeout bounds how long a dead leader blocks writes.
-	HeartbeatTimeout   time.Duration
-	ElectionTimeout    time.Duration
-	LeaderLeaseTimeout time.Duration
-	// CommitTimeout is how often an idle leader sends each follower an
-	// AppendEntries so it learns the commit index (hashicorp/raft sends one
-	// every [CommitTimeout, 2×CommitTimeout] per follower, besides
-	// heartbeats). It costs CPU per group whether or not anything is written:
-	// at 5 ms a 16-shard table kept a third of a core busy on every node of
-	// an idle 3-node cluster (docs/BENCHMARKS.md). Under load entries carry
-	// the commit index anyway, so a longer timeout only delays when an idle
-	// follower applies the last entries.
-	CommitTimeout time.Duration
-
-	// Snapshots: taken every SnapshotInterval when SnapshotThreshold entries
-	// have accumulated; TrailingLogs entries stay after one for slow followers.
-	SnapshotThreshold uint64
-	SnapshotInterval  time.Duration
-	TrailingLogs      uint64
-
-	// NoSync skips fsync of the Raft log. Unsafe: a process that dies
-	// loses nothing (its writes are in the page cache), but a machine that
-	// crashes can lose acknowledged entries on every replica at once. For
-	// tests whose subject is not durability, and benchmarks that want to
-	// see what the disk costs (raftps server --unsafe-no-fsync).
-	NoSync bool
-
-	Logger hclog.Logger
-}
-
-// DefaultRaftConfig returns the defaults, tuned for a LAN: a leader that dies
-// is replaced in well under a second.
-func DefaultRaftConfig() RaftConfig {
-	return RaftConfig{
-		HeartbeatTimeout:   200 * time.Millisecond,
-		ElectionTimeout:    200 * time.Millisecond,
-		LeaderLeaseTimeout: 150 * time.Millisecond,
-		CommitTimeout:      50 * time.Millisecond,
-		SnapshotThreshold:  4096,
-		SnapshotInterval:   30 * time.Second,
-		TrailingLogs:       1024,
-	}
-}
-
-func (c RaftConfig) withDefaults() RaftConfig {
-	d := DefaultRaftConfig()
-	setDur := func(v *time.Duration, def time.Duration) {
-		if *v == 0 {
-			*v = def
-		}
-	}
-	setDur(&c.HeartbeatTimeout, d.HeartbeatTimeout)
-	setDur(&c.ElectionTimeout, d.ElectionTimeout)
-	setDur(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
-	setDur(&c.CommitTimeout, d.CommitTimeout)
-	setDur(&c.SnapshotInterval, d.SnapshotInterval)
-	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = d.SnapshotThreshold
-	}
-	if c.TrailingLogs == 0 {
-		c.TrailingLogs = d.TrailingLogs
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	return c
-}
-
-func (c RaftConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("group %q: invalid config: %s", c.ID, fmt.Sprintf(format, args...))
-	}
-	switch {
-	case c.ID == "":
-		return bad("ID is empty")
-	case c.NodeID == "":
-		return bad("NodeID is empty")
-	case c.Dir == "":
-		return bad("Dir is empty")
-	case c.Transport == nil:
-		return bad("Transport is nil")
-	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
-		return bad("LeaderLeaseTimeout (%s) is longer than HeartbeatTimeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
-	case c.ElectionTimeout < c.HeartbeatTimeout:
-		return bad("ElectionTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.ElectionTimeout, c.HeartbeatTimeout)
-	}
-	return nil
-}
-
-// RaftReplica is a running Raft instance with its durable stores.
-type RaftReplica struct {
-	Raft  *raft.Raft
-	cfg   RaftConfig
-	logs  *raftboltdb.BoltStore
-	snaps *raft.FileSnapshotStore
-
-	// expeditedTerm is the last term in which ExpediteElection started an
-	// election here.
-	expeditedTerm atomic.Uint64
-}
-
-// logCacheEntries is how many recent log entries each replica keeps in memory
-// for replication to followers. Shard entries are at most MaxEntryBytes, so the
-// cache costs at most logCacheEntries × MaxEntryBytes per group, and typically
-// a few MiB.
-const logCacheEntries = 16
-
-// OpenRaft starts a replica of a Raft group with fsm. If cfg.Dir holds Raft
-// state the replica resumes from it (restoring the latest snapshot and
-// replaying the log); otherwise, if cfg.Peers is set, it bootstraps the group.
-func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
-	}
-	logs, err := raftboltdb.New(raftboltdb.Options{
-		Path:   filepath.Join(cfg.Dir, "raft.db"),
-		NoSync: cfg.NoSync,
-		BoltOptions: &bbolt.Options{
-			// Another process holding the file (a second server on the
-			// same data dir) is an error to report, not a lock to wait on.
-			Timeout: 2 * time.Second,
-			// The freelist is rebuilt by a scan on open instead of being
-			// written on every commit: a Raft log is small (snapshots
-			// truncate it) and commits are many.
-			NoFreelistSync: true,
-			FreelistType:   bbolt.FreelistMapType,
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("group %s: opening raft log %s: %w", cfg.ID, filepath.Join(cfg.Dir, "raft.db"), err)
-	}
-	fail := func(err error) (*RaftReplica, error) {
-		logs.Close()
-		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
-	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, cfg.Logger.Named("snapshots"))
-	if err != nil {
-		return fail(fmt.Errorf("opening snapshot store: %w", err))
-	}
-	rc := raft.DefaultConfig()
-	rc.LocalID = cfg.NodeID
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.CommitTimeout
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.TrailingLogs = cfg.TrailingLogs
-	// Not BatchApplyCh: with it, Apply queues into a buffered channel, and a
-	// future still queued when raft shuts down is never answered (Close would
-	// wait for ever). The leader loop group-commits whatever is waiting on the
-	// unbuffered channel anyway, and the batcher coalesces pushes before that.
-	rc.BatchApplyCh = false
-	// A full AppendEntries of maximum-size shard entries must fit in one
-	// transport message: 16 × 8 MiB < MaxRaftMessageBytes.
-	rc.MaxAppendEntries = 16
-	rc.Logger = cfg.Logger.Named("raft")
-	if err := raft.ValidateConfig(rc); err != nil {
-		return fail(err)
-	}
-	existing, err := raft.HasExistingState(logs, logs, snaps)
-	if err != nil {
-		return fail(fmt.Errorf("reading raft state: %w", err))
-	}
-	// The leader replicates entries it has just written: serve them from
-	// memory rather than reading and decoding them back from bolt.
-	cached, err := raft.NewLogCache(logCacheEntries, logs)
-	if err != nil {
-		return fail(err)
-	}
-	r, err := raft.NewRaft(rc, fsm, cached, logs, snaps, cfg.Transport)
-	if err != nil {
-		return fail(fmt.Errorf("starting raft: %w", err))
-	}
-	if !existing && len(cfg.Peers) > 0 {
-		if err := r.BootstrapCluster(raft.Configuration{Servers: cfg.Peers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			r.Shutdown()
-			return fail(fmt.Errorf("bootstrap: %w", err))
-		}
-	}
-	return &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}, nil
-}
-
-// FirstLogIndex returns the first index in the log (it grows as snapshots
-// compact the log).
-func (r *RaftReplica) FirstLogIndex() (uint64, error) { return r.logs.FirstIndex() }
-
-// closeTransport closes the replica's transport, if it is ours, before raft
-// shuts down: raft's Shutdown waits for its replicators, and their calls to a
-// peer that does not answer (or waits for its connection, awaitReady) end
-// only with the transport.
-func (r *RaftReplica) closeTransport() {
-	if t, ok := r.cfg.Transport.(*Transport); ok {
-		t.Close()
-	}
-}
-
-// Close shuts Raft down and closes the log.
-func (r *RaftReplica) Close() error {
-	r.closeTransport()
-	err := r.Raft.Shutdown().Error()
-	if cerr := r.logs.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
 
 // GroupConfig configures one replica of one shard group. Zero fields get the
 // defaults of DefaultRaftConfig and DefaultGroupConfig.
@@ -268,7 +33,7 @@ type GroupConfig struct {
 func DefaultGroupConfig() GroupConfig {
 	return GroupConfig{
 		RaftConfig:    DefaultRaftConfig(),
-		MaxEntryBytes: 8 << 20,
+		MaxEntryBytes: MaxGroupEntryBytes,
 		MaxInflight:   4,
 		ApplyTimeout:  5 * time.Second,
 		DedupeTTL:     DefaultDedupeTTL,
@@ -298,8 +63,8 @@ func (c GroupConfig) validate() error {
 		return err
 	}
 	switch {
-	case c.MaxEntryBytes < 1024:
-		return fmt.Errorf("group %q: invalid config: MaxEntryBytes = %d (want at least 1024)", c.ID, c.MaxEntryBytes)
+	case c.MaxEntryBytes < 1024 || c.MaxEntryBytes > MaxGroupEntryBytes:
+		return fmt.Errorf("group %q: invalid config: MaxEntryBytes = %d (want 1024 to %d)", c.ID, c.MaxEntryBytes, MaxGroupEntryBytes)
 	case c.MaxInflight < 1:
 		return fmt.Errorf("group %q: invalid config: MaxInflight = %d (want at least 1)", c.ID, c.MaxInflight)
 	}
@@ -349,7 +114,8 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", cfg.ID, err)
 	}
-	rep, err := OpenRaft(cfg.RaftConfig, raftFSM{f})
+	f.SetMetrics(cfg.Metrics)
+	rep, err := OpenRaft(cfg.RaftConfig, raftFSM{FSM: f, log: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -425,6 +191,7 @@ func (g *Group) watchLeadership() {
 			if !leader {
 				continue
 			}
+			g.cfg.Metrics.becameLeader()
 			g.becomeReady()
 		}
 	}
@@ -713,6 +480,10 @@ func (g *Group) confirmLeadership(term uint64) error {
 		return nil
 	}
 	tr := g.cfg.Transport
+	send := tr.AppendEntries
+	if mt, ok := tr.(*Transport); ok {
+		send = mt.heartbeatNow
+	}
 	req := &raft.AppendEntriesRequest{
 		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(self), Addr: tr.EncodePeer(self, leaderAddr)},
 		Term:      term,
@@ -724,7 +495,7 @@ func (g *Group) confirmLeadership(term uint64) error {
 	for _, p := range peers {
 		go func() {
 			var resp raft.AppendEntriesResponse
-			if err := tr.AppendEntries(p.ID, p.Address, req, &resp); err != nil {
+			if err := send(p.ID, p.Address, req, &resp); err != nil {
 				results <- nil
 				return
 			}

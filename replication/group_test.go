@@ -25,6 +25,8 @@ type groupCluster struct {
 	ids   []raft.ServerID
 	dirs  []string
 	trans []*raft.InmemTransport
+	// logs: each replica's node's shared log; nil for raft.db files.
+	logs []*NodeLog
 
 	mu     sync.Mutex // guards groups: clients read it while tests stop and start replicas
 	groups []*Group   // nil while a replica is down
@@ -48,13 +50,29 @@ func fastConfig(table store.TableConfig) GroupConfig {
 }
 
 func newGroupCluster(t *testing.T, n int, cfg GroupConfig) *groupCluster {
+	return newGroupClusterLogs(t, n, cfg, false)
+}
+
+// newGroupClusterLogs is newGroupCluster with, if shared, each replica's
+// log in a NodeLog of its own node (open for the cluster's life, across
+// the replica's stops and starts).
+func newGroupClusterLogs(t *testing.T, n int, cfg GroupConfig, shared bool) *groupCluster {
 	c := &groupCluster{t: t, cfg: cfg}
 	var peers []raft.Server
 	for i := range n {
 		id := raft.ServerID(fmt.Sprintf("n%d", i+1))
 		c.ids = append(c.ids, id)
-		c.dirs = append(c.dirs, filepath.Join(t.TempDir(), string(id)))
+		root := t.TempDir()
+		c.dirs = append(c.dirs, filepath.Join(root, "groups", string(id)))
 		peers = append(peers, raft.Server{ID: id, Address: raft.ServerAddress(id)})
+		if shared {
+			l, err := OpenNodeLog(NodeLogConfig{Root: root})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			c.logs = append(c.logs, l)
+		}
 	}
 	c.trans = make([]*raft.InmemTransport, n)
 	c.groups = make([]*Group, n)
@@ -80,6 +98,9 @@ func (c *groupCluster) start(i int, peers []raft.Server) {
 	}
 	cfg := c.cfg
 	cfg.NodeID, cfg.Dir, cfg.Transport, cfg.Peers = c.ids[i], c.dirs[i], tr, peers
+	if c.logs != nil {
+		cfg.NodeLog = c.logs[i]
+	}
 	g, err := OpenGroup(cfg)
 	if err != nil {
 		c.t.Fatal(err)
@@ -292,7 +313,13 @@ func TestGroupRejectsBadPushes(t *testing.T) {
 // no acknowledged push is lost, none applied twice (rows are exact sums), the
 // restarted replica catches up from its data dir, and all replicas agree.
 func TestGroupLeaderKill(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 3)))
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "raft.db", true: "shared-log"}[shared], func(t *testing.T) { testGroupLeaderKill(t, shared) })
+	}
+}
+
+func testGroupLeaderKill(t *testing.T, shared bool) {
+	c := newGroupClusterLogs(t, 3, fastConfig(reptest.SGDTable("t", 3)), shared)
 	c.leader(5 * time.Second)
 	w := reptest.NewWorkload(3)
 	done := make(chan struct{})
@@ -335,9 +362,15 @@ func TestGroupLeaderKill(t *testing.T) {
 // compacted past its position catches up by snapshot install, and dedupe
 // state comes with the snapshot.
 func TestGroupSnapshotCatchUp(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "raft.db", true: "shared-log"}[shared], func(t *testing.T) { testGroupSnapshotCatchUp(t, shared) })
+	}
+}
+
+func testGroupSnapshotCatchUp(t *testing.T, shared bool) {
 	cfg := fastConfig(reptest.SGDTable("t", 8))
 	cfg.SnapshotThreshold, cfg.TrailingLogs, cfg.SnapshotInterval = 16, 4, 20*time.Millisecond
-	c := newGroupCluster(t, 3, cfg)
+	c := newGroupClusterLogs(t, 3, cfg, shared)
 	lead := c.leader(5 * time.Second)
 	down := (lead + 1) % 3
 	c.stop(down)
@@ -387,7 +420,13 @@ func TestGroupSnapshotCatchUp(t *testing.T) {
 // log ends in entries raft applies without showing the FSM (its own no-op); a
 // linearizable read must still complete, and see every acknowledged push.
 func TestGroupLinearizableReadAfterFullRestart(t *testing.T) {
-	c := newGroupCluster(t, 3, fastConfig(reptest.SGDTable("t", 2)))
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "raft.db", true: "shared-log"}[shared], func(t *testing.T) { testGroupLinearizableReadAfterFullRestart(t, shared) })
+	}
+}
+
+func testGroupLinearizableReadAfterFullRestart(t *testing.T, shared bool) {
+	c := newGroupClusterLogs(t, 3, fastConfig(reptest.SGDTable("t", 2)), shared)
 	c.leader(5 * time.Second)
 	w := reptest.NewWorkload(2)
 	runWorkload(t, c, w, 2, 30)

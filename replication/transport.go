@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication/transportpb"
+	"github.com/raftps/raftps/shard/grpcopt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -31,10 +32,18 @@ var (
 
 // Sizes of the Raft transport.
 const (
-	// MaxRaftMessageBytes bounds one Raft message. OpenRaft caps a group's
-	// AppendEntries at MaxAppendEntries entries, and a shard's entries at
-	// MaxEntryBytes, so that a full AppendEntries fits.
-	MaxRaftMessageBytes = 160 << 20
+	// MaxAppendEntries is how many entries one AppendEntries carries at
+	// most (OpenRaft sets it), and MaxGroupEntryBytes the largest entry a
+	// shard group may be configured for (GroupConfig.MaxEntryBytes).
+	MaxAppendEntries   = 16
+	MaxGroupEntryBytes = 8 << 20
+	// MaxRaftMessageBytes bounds one Raft message, and so the receive limit
+	// of the peer listener: a full AppendEntries of the largest entries,
+	// with 1 MiB for its headers (TestLargestAppendEntries measures it:
+	// 16 entries of 8 MiB encode to 128 MiB and 1 KiB). Every other Raft
+	// and chain message is smaller: a snapshot chunk is 1 MiB, a chain
+	// message at most chain.MaxMessageBytes.
+	MaxRaftMessageBytes = MaxAppendEntries*MaxGroupEntryBytes + 1<<20
 	snapshotChunkBytes  = 1 << 20
 	pipelineDepth       = 128
 )
@@ -55,7 +64,39 @@ type MuxConfig struct {
 	// died without a TCP reset (a killed container) and came back heard from
 	// none of its leaders for seconds, and its replicas campaigned.
 	HeartbeatTimeout time.Duration
-	Logger           hclog.Logger
+	// Authorize, if set, is asked before any group's Raft sees a message
+	// (every AppendEntries, heartbeat, vote, pre-vote, TimeoutNow and
+	// snapshot), with the group and the sender the message claims: the
+	// RPCHeader's ID and peer address (a message without them, or whose
+	// deprecated Leader or Candidate field names another address, is
+	// refused before). A non-nil error refuses the message; it should be a
+	// gRPC status error. The replication package knows nothing of
+	// certificates: the node decides who the caller is and whether it may
+	// speak for that sender in that group.
+	Authorize func(ctx context.Context, group, id, addr string) error
+	// Space, if set, is asked before appends with entries and snapshots
+	// are taken (admitWrite); SpaceExempt lists the groups whose appends
+	// are taken regardless (the metadata group: its entries are small and
+	// the cluster needs it).
+	Space       DiskSpace
+	SpaceExempt []string
+	// PingInterval is how often the Mux pings a peer it has not heard from
+	// during the interval (default DefaultPingInterval; negative: never),
+	// so that LastHeard tells a live node from a dead one within a few
+	// intervals however rarely its groups talk. IdleAppendRefresh is how
+	// long an idle AppendEntries may be answered from the follower's last
+	// answer to the same one rather than sent (default
+	// DefaultIdleAppendRefresh; negative: always sent), and IdleAppendFresh
+	// how recently the follower's node must have been heard from for that
+	// (default 4 × PingInterval). See transport_idle.go.
+	PingInterval      time.Duration
+	IdleAppendRefresh time.Duration
+	IdleAppendFresh   time.Duration
+	// HeartbeatDelay is how long raft's periodic heartbeats to a peer wait
+	// for other groups' to share a message (default DefaultHeartbeatDelay;
+	// negative: none). Leadership checks of reads do not wait.
+	HeartbeatDelay time.Duration
+	Logger         hclog.Logger
 }
 
 // Mux is one node's Raft transport: it serves the Raft RPCs of every group
@@ -86,6 +127,11 @@ type Mux struct {
 
 	heard sync.Map // raft.ServerAddress → *atomic.Int64: unix ns of the last message from that peer
 
+	stop    chan struct{}   // closed by Close: ends pingLoop
+	stopCtx context.Context // done once Close began: ends pings in flight
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
 	stats MuxStats
 }
 
@@ -96,6 +142,10 @@ type MuxStats struct {
 	SnapshotBytes     atomic.Int64 // snapshot bytes received
 	HeartbeatsSent    atomic.Int64 // heartbeats this node's groups sent
 	HeartbeatBatches  atomic.Int64 // messages that carried them
+	Pings             atomic.Int64 // node pings answered (pingLoop)
+	// IdleAppendsAnswered counts AppendEntries without entries answered
+	// from the follower's last answer instead of sent (answerIdle).
+	IdleAppendsAnswered atomic.Int64
 }
 
 // Stats returns the Mux's counters.
@@ -156,13 +206,37 @@ func NewMux(cfg MuxConfig) (*Mux, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = DefaultPingInterval
+	}
+	if cfg.IdleAppendRefresh == 0 {
+		cfg.IdleAppendRefresh = DefaultIdleAppendRefresh
+	}
+	if cfg.IdleAppendFresh == 0 {
+		cfg.IdleAppendFresh = 4 * cfg.PingInterval
+	}
+	if cfg.HeartbeatDelay == 0 {
+		cfg.HeartbeatDelay = DefaultHeartbeatDelay
+	}
+	if cfg.PingInterval < 0 {
+		// Without pings, LastHeard is fresh only while groups talk: no
+		// idle append may lean on it.
+		cfg.IdleAppendRefresh = -1
+	}
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithDefaultCallOptions(
 		grpc.MaxCallRecvMsgSize(MaxRaftMessageBytes), grpc.MaxCallSendMsgSize(MaxRaftMessageBytes)))
 	// Keepalive: a peer that is stopped or cut off without a TCP reset would
 	// otherwise leave a pipeline stream blocked in Send on flow control, and
 	// raft's Shutdown waits for its replication goroutines.
 	cfg.DialOptions = append(cfg.DialOptions, PeerDialOptions()...)
-	return &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, added: make(chan struct{}), conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{}}, nil
+	m := &Mux{cfg: cfg, log: cfg.Logger, groups: map[string]*Transport{}, added: make(chan struct{}), conns: map[raft.ServerAddress]*grpc.ClientConn{}, hbs: map[raft.ServerAddress]*heartbeats{},
+		stop: make(chan struct{})}
+	m.stopCtx, m.cancel = context.WithCancel(context.Background())
+	if cfg.PingInterval > 0 {
+		m.wg.Add(1)
+		go m.pingLoop(cfg.PingInterval)
+	}
+	return m, nil
 }
 
 // peerConnectParams redial a peer within a second. gRPC's defaults (20 s
@@ -183,21 +257,21 @@ const keepaliveTime = 2 * time.Second
 // a peer that vanished without a TCP reset breaks within seconds; and
 // peerConnectParams.
 func PeerDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+	return append(grpcopt.Dial(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime, PermitWithoutStream: true}),
 		peerConnectParams,
-	}
+	)
 }
 
 // ServerOptions are what the node's grpc.Server needs for Raft traffic: room
 // for a full AppendEntries, and permission for peers' keepalive pings (the
 // default policy would answer them with GOAWAY).
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append(grpcopt.Server(),
 		grpc.MaxRecvMsgSize(MaxRaftMessageBytes), grpc.MaxSendMsgSize(MaxRaftMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTime}),
-	}
+	)
 }
 
 // Register adds the Raft service to the node's gRPC server.
@@ -330,6 +404,10 @@ func (m *Mux) Conn(target raft.ServerAddress) (*grpc.ClientConn, error) {
 // Close closes every transport and connection.
 func (m *Mux) Close() error {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.stop)
+		m.cancel()
+	}
 	m.closed = true
 	groups := m.groups
 	m.groups = map[string]*Transport{}
@@ -337,6 +415,7 @@ func (m *Mux) Close() error {
 	for _, t := range groups {
 		t.shut()
 	}
+	m.wg.Wait()
 	m.connMu.Lock()
 	defer m.connMu.Unlock()
 	var errs []error
@@ -365,6 +444,12 @@ type Transport struct {
 	// Timeout.
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	idle  idleAppends
+	eager atomic.Bool // SendEagerly
+	// mayDelay: the group's heartbeat timeout is long enough for its
+	// heartbeats to wait HeartbeatDelay (setHeartbeatTimeout).
+	mayDelay atomic.Bool
 }
 
 var (
@@ -433,8 +518,13 @@ func decode(b []byte, v any) error {
 	return nil
 }
 
-// unary makes one request/response call.
+// unary makes one request/response call within the transport timeout.
 func (t *Transport) unary(target raft.ServerAddress, args, resp any,
+	call func(transportpb.RaftTransportClient, context.Context, *transportpb.RPC) (*transportpb.RPC, error)) error {
+	return t.unaryWithin(t.mux.cfg.Timeout, target, args, resp, call)
+}
+
+func (t *Transport) unaryWithin(timeout time.Duration, target raft.ServerAddress, args, resp any,
 	call func(transportpb.RaftTransportClient, context.Context, *transportpb.RPC) (*transportpb.RPC, error)) error {
 	if err := t.isClosed(); err != nil {
 		return err
@@ -447,7 +537,7 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(t.ctx, t.mux.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(t.ctx, timeout)
 	defer cancel()
 	out, err := call(c, ctx, &transportpb.RPC{Group: t.group, Msgpack: payload})
 	if err != nil {
@@ -462,14 +552,28 @@ func (t *Transport) unary(target raft.ServerAddress, args, resp any,
 
 func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	if isHeartbeat(args) {
-		return t.sendHeartbeat(target, args, resp)
+		if !t.eager.Load() {
+			return t.sendHeartbeat(target, args, resp, !t.mayDelay.Load())
+		}
+		// An eager transport's heartbeats go alone: the metadata group's
+		// must not wait behind a batch of every shard group's to a slow
+		// peer.
+		return t.unaryWithin(t.mux.cfg.HeartbeatTimeout, target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+			return c.AppendEntries(ctx, r)
+		})
+	}
+	if t.answerIdle(target, args, resp) {
+		return nil
 	}
 	if cc, err := t.mux.Conn(target); err == nil {
 		awaitReady(cc, t.ctx.Done())
 	}
-	return t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+	sent := time.Now()
+	err := t.unary(target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
 		return c.AppendEntries(ctx, r)
 	})
+	t.noteIdle(target, args, resp, sent, err)
+	return err
 }
 
 func (t *Transport) RequestVote(_ raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
@@ -499,8 +603,21 @@ type muxServer struct {
 // dispatch hands a decoded request to its group's Raft and waits for the
 // answer. Pure heartbeats go to the heartbeat handler.
 func (t *Transport) dispatch(ctx context.Context, cmd any, data io.Reader) (any, error) {
+	if err := t.authorize(ctx, cmd); err != nil {
+		return nil, err
+	}
+	return t.deliver(ctx, cmd, data)
+}
+
+// deliver is dispatch without the authorization: for a message this node
+// hands its own replica (ExpediteElection, campaignFirst), which comes
+// through no listener and so has no authenticated caller.
+func (t *Transport) deliver(ctx context.Context, cmd any, data io.Reader) (any, error) {
 	if h, ok := cmd.(raft.WithRPCHeader); ok {
 		t.mux.heardFrom(raft.ServerAddress(h.GetRPCHeader().Addr))
+	}
+	if err := t.mux.admitWrite(t.group, cmd); err != nil {
+		return nil, err
 	}
 	ch := make(chan raft.RPCResponse, 1)
 	rpc := raft.RPC{Command: cmd, Reader: data, RespChan: ch}
@@ -563,12 +680,16 @@ func (s *muxServer) AppendEntries(ctx context.Context, in *transportpb.RPC) (*tr
 	return serveUnary[raft.AppendEntriesRequest](ctx, s.m, in, true)
 }
 
+// Votes wait for their group to open, as appends do: the first election
+// of a new group (campaignFirst) asks peers that open their replica at
+// about the same time, and a refused vote would leave the candidate
+// waiting out its election timeout.
 func (s *muxServer) RequestVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.RequestVoteRequest](ctx, s.m, in, false)
+	return serveUnary[raft.RequestVoteRequest](ctx, s.m, in, true)
 }
 
 func (s *muxServer) RequestPreVote(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {
-	return serveUnary[raft.RequestPreVoteRequest](ctx, s.m, in, false)
+	return serveUnary[raft.RequestPreVoteRequest](ctx, s.m, in, true)
 }
 
 func (s *muxServer) TimeoutNow(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {

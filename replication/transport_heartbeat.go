@@ -5,13 +5,26 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/raftps/raftps/replication/transportpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Limits of a heartbeat batch: the most heartbeats one message carries
+// (a sender with more queued sends several), and how many of a batch the
+// receiver serves at once.
+const (
+	MaxHeartbeatBatch = 1024
+	HeartbeatWorkers  = 16
 )
 
 // sendHeartbeat sends a heartbeat through the peer's coalescer.
-func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+// urgent says whether it may not wait for others (HeartbeatDelay).
+func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse, urgent bool) error {
 	if err := t.isClosed(); err != nil {
 		return err
 	}
@@ -19,7 +32,7 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	if err != nil {
 		return err
 	}
-	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, t.ctx.Done())
+	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, urgent, t.ctx.Done())
 	if err != nil {
 		if cerr := t.isClosed(); cerr != nil {
 			return cerr // cut short by Close
@@ -29,11 +42,21 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	return decode(out, resp)
 }
 
+// heartbeatNow sends a heartbeat that does not wait for others to share
+// its message: a leadership check that a read waits for.
+func (t *Transport) heartbeatNow(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	return t.sendHeartbeat(target, args, resp, true)
+}
+
 // heartbeats coalesces the heartbeats that this node's groups send to one
-// peer. The first goes out at once; those that arrive while a message is in
-// flight wait for it and go out together in the next. So a heartbeat waits
-// at most one round trip more, and a burst from N groups (a PullBatch
-// verifying leadership of every group it touches) costs one message, not N.
+// peer. Raft's periodic heartbeats wait up to MuxConfig.HeartbeatDelay for
+// others to join them: idle groups' timers are randomised and rarely
+// coincide, so without the wait every heartbeat was a message of its own.
+// An urgent heartbeat (a leadership check of a read, confirmLeadership)
+// sends what is queued at once. Those that arrive while a message is in
+// flight wait for it and go out together in the next. So a burst from N
+// groups (a PullBatch verifying leadership of every group it touches)
+// costs one message, not N.
 //
 // Concurrency: mu guards queue and busy. At most one goroutine (run) sends
 // at a time; it exits when the queue is empty. It is not tracked by the Mux:
@@ -42,6 +65,7 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 type heartbeats struct {
 	m      *Mux
 	target raft.ServerAddress
+	urgent chan struct{} // a token cuts run's wait short
 
 	mu    sync.Mutex
 	queue []*hbCall
@@ -63,7 +87,7 @@ func (m *Mux) heartbeatsTo(target raft.ServerAddress) *heartbeats {
 	defer m.connMu.Unlock()
 	h := m.hbs[target]
 	if h == nil {
-		h = &heartbeats{m: m, target: target}
+		h = &heartbeats{m: m, target: target, urgent: make(chan struct{}, 1)}
 		m.hbs[target] = h
 	}
 	return h
@@ -74,7 +98,7 @@ func (m *Mux) heartbeatsTo(target raft.ServerAddress) *heartbeats {
 // waits for the replicator making this call, which would otherwise wait up
 // to HeartbeatTimeout per group for a peer that does not answer. The answer
 // that comes later goes into done's buffer, unread.
-func (h *heartbeats) call(rpc *transportpb.RPC, closed <-chan struct{}) ([]byte, error) {
+func (h *heartbeats) call(rpc *transportpb.RPC, urgent bool, closed <-chan struct{}) ([]byte, error) {
 	c := &hbCall{rpc: rpc, done: make(chan hbResult, 1)}
 	h.mu.Lock()
 	h.queue = append(h.queue, c)
@@ -83,6 +107,12 @@ func (h *heartbeats) call(rpc *transportpb.RPC, closed <-chan struct{}) ([]byte,
 		go h.run()
 	}
 	h.mu.Unlock()
+	if urgent {
+		select {
+		case h.urgent <- struct{}{}:
+		default:
+		}
+	}
 	select {
 	case r := <-c.done:
 		return r.msgpack, r.err
@@ -93,9 +123,21 @@ func (h *heartbeats) call(rpc *transportpb.RPC, closed <-chan struct{}) ([]byte,
 
 func (h *heartbeats) run() {
 	for {
+		if d := h.m.cfg.HeartbeatDelay; d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-h.urgent:
+			}
+			t.Stop()
+		}
 		h.mu.Lock()
 		batch := h.queue
-		h.queue = nil
+		if len(batch) > MaxHeartbeatBatch {
+			batch, h.queue = batch[:MaxHeartbeatBatch:MaxHeartbeatBatch], batch[MaxHeartbeatBatch:]
+		} else {
+			h.queue = nil
+		}
 		if len(batch) == 0 {
 			h.busy = false
 			h.mu.Unlock()
@@ -167,20 +209,74 @@ func isHeartbeat(r *raft.AppendEntriesRequest) bool {
 		len(r.Entries) == 0 && r.LeaderCommitIndex == 0
 }
 
-// Heartbeats answers each group's heartbeat of a batch, concurrently, so a
-// group whose Raft is slow to answer delays only its own.
+// Heartbeats answers each group's heartbeat of a batch, HeartbeatWorkers
+// at a time, so a group whose Raft is slow to answer delays few others,
+// and a batch costs a bounded number of goroutines however long it is.
+//
+// The batch is answered after at most half the heartbeat timeout, those
+// not done by then with an error of their own: a heartbeat that makes a
+// replica take a new term writes it to disk first, and on a loaded
+// machine a few such writes made whole batches time out at the sender, so
+// that every group in them missed its heartbeat, stepped down and held an
+// election, whose new terms made the next batches slower still.
 func (s *muxServer) Heartbeats(ctx context.Context, in *transportpb.HeartbeatBatch) (*transportpb.HeartbeatBatch, error) {
-	out := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, len(in.Rpcs))}
-	var wg sync.WaitGroup
-	for i, r := range in.Rpcs {
-		wg.Go(func() {
+	n := len(in.Rpcs)
+	if n > MaxHeartbeatBatch {
+		return nil, status.Errorf(codes.ResourceExhausted, "heartbeat batch of %d heartbeats; the limit is %d per message (MaxHeartbeatBatch)", n, MaxHeartbeatBatch)
+	}
+	var mu sync.Mutex // guards answers, written by the workers
+	answers := make([]*transportpb.RPC, n)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ServeBounded(n, HeartbeatWorkers, func(i int) {
+			r := in.Rpcs[i]
 			resp, err := serveUnary[raft.AppendEntriesRequest](ctx, s.m, r, false)
 			if err != nil {
 				resp = &transportpb.RPC{Group: r.Group, Error: err.Error()}
 			}
-			out.Rpcs[i] = resp
+			mu.Lock()
+			answers[i] = resp
+			mu.Unlock()
+		})
+	}()
+	timer := time.NewTimer(s.m.cfg.HeartbeatTimeout / 2)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	out := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, n)}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, a := range answers {
+		if a == nil {
+			a = &transportpb.RPC{Group: in.Rpcs[i].Group, Error: fmt.Sprintf("raft group %q: heartbeat not answered within %s", in.Rpcs[i].Group, s.m.cfg.HeartbeatTimeout/2)}
+		}
+		out.Rpcs[i] = a
+	}
+	return out, nil
+}
+
+// ServeBounded calls one(i) for every i below n, on at most workers
+// goroutines at once, and returns when all have returned: a request of
+// many elements costs a few goroutines, not one per element.
+func ServeBounded(n, workers int, one func(i int)) {
+	if n == 1 || workers <= 1 {
+		for i := range n {
+			one(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, workers) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				one(i)
+			}
 		})
 	}
 	wg.Wait()
-	return out, nil
 }

@@ -100,9 +100,15 @@ type pipeline struct {
 
 func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) (raft.AppendFuture, error) {
 	f := &appendFuture{start: time.Now(), args: args, resp: resp, errCh: make(chan error, 1)}
-	payload, err := encode(args)
-	if err != nil {
-		return nil, err
+	// An idle append answered locally still queues behind those in
+	// flight: raft reads the answers in order.
+	f.local = p.t.answerIdle(p.target, args, resp)
+	var payload []byte
+	if !f.local {
+		var err error
+		if payload, err = encode(args); err != nil {
+			return nil, err
+		}
 	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
@@ -110,6 +116,9 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 	case p.inflight <- f:
 	case <-p.shutdown:
 		return nil, raft.ErrPipelineShutdown
+	}
+	if f.local {
+		return f, nil
 	}
 	if err := p.stream.Send(&transportpb.RPC{Group: p.t.group, Msgpack: payload}); err != nil {
 		// receive fails every in-flight future once the stream breaks.
@@ -138,6 +147,14 @@ func (p *pipeline) receive() {
 				}
 			}
 		}
+		if broken == nil && f.local {
+			f.respond(nil)
+			select {
+			case p.done <- f:
+			case <-p.shutdown:
+			}
+			continue
+		}
 		if broken == nil {
 			msg, err := p.stream.Recv()
 			if err != nil {
@@ -145,6 +162,7 @@ func (p *pipeline) receive() {
 			} else {
 				p.t.mux.heardFrom(p.target)
 				broken = decode(msg.Msgpack, f.resp)
+				p.t.noteIdle(p.target, f.args, f.resp, f.start, broken)
 				if broken == nil {
 					f.respond(nil)
 					select {
@@ -155,6 +173,7 @@ func (p *pipeline) receive() {
 				}
 			}
 		}
+		p.t.noteIdle(p.target, f.args, f.resp, f.start, broken)
 		f.respond(broken)
 		select {
 		case p.done <- f:
@@ -177,6 +196,7 @@ func (p *pipeline) Close() error {
 }
 
 type appendFuture struct {
+	local bool // answered by answerIdle, never sent
 	start time.Time
 	args  *raft.AppendEntriesRequest
 	resp  *raft.AppendEntriesResponse

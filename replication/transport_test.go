@@ -86,12 +86,19 @@ type testNode struct {
 
 func startTestNode(t *testing.T) *testNode {
 	t.Helper()
+	return startTestNodeWith(t, MuxConfig{})
+}
+
+// startTestNodeWith starts a node whose Mux has cfg, LocalAddr filled in.
+func startTestNodeWith(t *testing.T, cfg MuxConfig) *testNode {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &testNode{addr: lis.Addr().String(), server: grpc.NewServer(ServerOptions()...)}
-	if n.mux, err = NewMux(MuxConfig{LocalAddr: raft.ServerAddress(n.addr)}); err != nil {
+	cfg.LocalAddr = raft.ServerAddress(n.addr)
+	if n.mux, err = NewMux(cfg); err != nil {
 		t.Fatal(err)
 	}
 	n.mux.Register(n.server)
@@ -391,7 +398,10 @@ func TestTransportCloseEndsCallsInFlight(t *testing.T) {
 			if isHeartbeat(tc.req) != (tc.name == "heartbeat") {
 				t.Fatalf("isHeartbeat(%+v) = %v", tc.req, isHeartbeat(tc.req))
 			}
-			b := startTestNode(t)
+			// b's group never answers: it has no heartbeat handler and no
+			// raft reading its consumer, and b answers a heartbeat batch
+			// only after half its heartbeat timeout.
+			b := startTestNodeWith(t, MuxConfig{HeartbeatTimeout: 10 * time.Second})
 			m, err := NewMux(MuxConfig{LocalAddr: "127.0.0.1:1", Timeout: 5 * time.Second, HeartbeatTimeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)

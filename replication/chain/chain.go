@@ -1,11 +1,13 @@
 package chain
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/raftps/raftps/replication"
@@ -143,6 +145,7 @@ func Open(cfg Config) (*Chain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
 	}
+	f.SetMetrics(cfg.Metrics)
 	st, meta, err := openStorage(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("chain %s: %w", cfg.ID, err)
@@ -159,8 +162,13 @@ func Open(cfg Config) (*Chain, error) {
 	c.batcher = replication.NewBatcher(replication.BatcherConfig{
 		Who: c.who, MaxEntryBytes: cfg.MaxEntryBytes, EntryPrefix: entryHeader, MaxInflight: cfg.MaxInflight, Closed: c.closed,
 	})
-	if err := c.recover(meta); err != nil {
+	// Recovery only reads (the snapshot, the log): a failure or a panic
+	// there is a corrupt replica, unless the disk is full.
+	if err := replication.Contain("chain "+cfg.ID, func() error { return c.recover(meta) }); err != nil {
 		st.close()
+		if !errors.Is(err, replication.ErrCorruptReplica) && !replication.IsNoSpace(err) {
+			err = fmt.Errorf("%w: %w", replication.ErrCorruptReplica, err)
+		}
 		return nil, fmt.Errorf("chain %s: recovering from %s: %w", cfg.ID, cfg.Dir, err)
 	}
 	if err := c.mux.add(c); err != nil {
@@ -203,7 +211,7 @@ func (c *Chain) recover(m storedMeta) error {
 		}
 		c.markDirtyLocked(ix, e) // dropped below if committed
 		if res := c.fsm.ApplyCommand(e[entryHeader:]); res.Err() != nil {
-			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.Err())
+			c.log.Warn("bad log entry refused", "index", ix, "error", res.Err())
 		}
 		c.last, c.lastEpoch = ix, entryEpoch(e)
 		replayed = append(replayed, e)
@@ -602,8 +610,8 @@ func (c *Chain) appendLocked(first uint64, entries [][]byte, head *headEntry) er
 		res = c.fsm.ApplyCommand(e[entryHeader:])
 		if res.Err() != nil {
 			// Every replica decodes the same bytes alike, so this is a bad
-			// entry, not a divergence; its decodable pushes were applied.
-			c.log.Warn("log entry did not decode whole", "index", ix, "error", res.Err())
+			// entry, not a divergence: refused whole, it changed nothing.
+			c.log.Warn("bad log entry refused", "index", ix, "error", res.Err())
 		}
 		c.last, c.lastEpoch = ix, entryEpoch(e)
 	}
@@ -672,12 +680,15 @@ func (c *Chain) writeSnapshot(job snapJob) error {
 	if void {
 		return nil
 	}
+	start, size := time.Now(), int64(0)
 	if err := c.st.writeSnapshot(job.index, func(w io.Writer) error {
-		_, err := job.snap.WriteTo(w)
+		var err error
+		size, err = job.snap.WriteTo(w)
 		return err
 	}); err != nil {
 		return err
 	}
+	c.fsm.Metrics().Snapshot(false, size, time.Since(start))
 	compactTo := min(job.index, c.committedIx.Load())
 	if err := c.st.useSnapshot(job.index, job.epoch, compactTo, false); err != nil {
 		return fmt.Errorf("recording snapshot %d: %w", job.index, err)

@@ -27,6 +27,8 @@ type Config struct {
 
 	// DedupeTTL: see replication.DefaultDedupeTTL.
 	DedupeTTL time.Duration
+	// Metrics, if set, records the replica's applies and snapshots.
+	Metrics *replication.GroupMetrics
 	// MaxEntryBytes caps one log entry (a batch of pushes); a single push
 	// larger than this is rejected.
 	MaxEntryBytes int
@@ -42,6 +44,10 @@ type Config struct {
 	// RetryInterval is how long a predecessor waits before reconnecting to
 	// its successor after the stream broke or was refused.
 	RetryInterval time.Duration
+	// Space, if set, is asked before each piece of a snapshot from the
+	// predecessor is written: a full disk refuses the snapshot (the
+	// predecessor tries again later) rather than fill up.
+	Space replication.DiskSpace
 
 	Logger hclog.Logger
 }

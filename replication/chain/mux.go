@@ -26,13 +26,37 @@ const MaxMessageBytes = 64 << 20
 // least one entry whatever its size.
 const batchBytes = 4 << 20
 
+// MaxForwardEntries is how many entries one forward message carries at
+// most, so that a message of small entries stays far below the element
+// limit of the peer listener (shard.PeerMaxElements).
+const MaxForwardEntries = 1 << 14
+
+// Limits of the Read RPC a member sends the tail for its dirty keys: the
+// most keys one Read carries, and the most answer bytes (keys × dim × 4;
+// MaxMessageBytes less room for the rest of the answer). The tail refuses
+// a larger Read before it allocates the answer; a member with more keys
+// sends several (tailRead).
+const (
+	MaxReadKeys        = 1 << 20
+	maxReadAnswerBytes = MaxMessageBytes - 1<<20
+)
+
+// readChunk is how many keys of dim values one Read may carry.
+func readChunk(dim int) int { return max(1, min(MaxReadKeys, maxReadAnswerBytes/(4*dim))) }
+
 // MuxConfig configures a Mux; zero fields get defaults.
 type MuxConfig struct {
 	// LocalAddr is this node's gRPC address, as peers dial it.
 	LocalAddr string
 	// DialOptions are used to dial peers (default: insecure credentials).
 	DialOptions []grpc.DialOption
-	Logger      hclog.Logger
+	// Authorize, if set, is asked before a chain replica sees a message:
+	// with the group and, for a replication stream, the sender its first
+	// message claims (a peer address; the chain then checks that it is
+	// its predecessor), or "" for a read (the caller must be in the chain).
+	// A non-nil error refuses the call; it should be a gRPC status error.
+	Authorize func(ctx context.Context, group, from string) error
+	Logger    hclog.Logger
 }
 
 // Mux is one node's chain transport: it serves the chain RPCs of every
@@ -202,6 +226,14 @@ func (s *server) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward, chai
 	if err != nil {
 		return err
 	}
+	if a := s.m.cfg.Authorize; a != nil {
+		if first.From == "" {
+			return status.Errorf(codes.InvalidArgument, "chain %q: a replication stream that names no sender", first.Group)
+		}
+		if err := a(stream.Context(), first.Group, first.From); err != nil {
+			return err
+		}
+	}
 	c := s.m.lookup(first.Group)
 	if c == nil {
 		err := fmt.Errorf("chain %q is not on node %s: %w", first.Group, s.m.cfg.LocalAddr, ErrUnknownGroup)
@@ -211,6 +243,11 @@ func (s *server) Replicate(stream grpc.BidiStreamingServer[chainpb.Forward, chai
 }
 
 func (s *server) Read(ctx context.Context, req *chainpb.ReadRequest) (*chainpb.ReadResponse, error) {
+	if a := s.m.cfg.Authorize; a != nil {
+		if err := a(ctx, req.Group, ""); err != nil {
+			return nil, err
+		}
+	}
 	c := s.m.lookup(req.Group)
 	if c == nil {
 		err := fmt.Errorf("chain %q is not on node %s: %w", req.Group, s.m.cfg.LocalAddr, ErrUnknownGroup)
@@ -219,11 +256,38 @@ func (s *server) Read(ctx context.Context, req *chainpb.ReadRequest) (*chainpb.R
 	if len(req.Keys)%8 != 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "keys field of %d bytes is not whole u64s", len(req.Keys))
 	}
+	if n, dim := len(req.Keys)/8, c.cfg.Table.Dim; n > readChunk(dim) {
+		return nil, status.Errorf(codes.ResourceExhausted, "chain read of %d keys of dim %d; the limit is %d keys per read (MaxReadKeys %d, at most %d answer bytes)",
+			n, dim, readChunk(dim), MaxReadKeys, maxReadAnswerBytes)
+	}
 	return c.serveRead(req), nil
 }
 
-// tailRead asks the tail at addr, in epoch, for the rows of keys.
+// tailRead asks the tail at addr, in epoch, for the rows of keys, in
+// Reads of at most readChunk keys; it returns the least applied index the
+// tail answered with.
 func (m *Mux) tailRead(ctx context.Context, timeout time.Duration, addr, group string, epoch uint64, keys []uint64, out []float32) (uint64, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	dim := len(out) / len(keys)
+	chunk := readChunk(dim)
+	var ix uint64
+	for i := 0; i < len(keys); i += chunk {
+		j := min(i+chunk, len(keys))
+		cix, err := m.tailReadOne(ctx, timeout, addr, group, epoch, keys[i:j], out[i*dim:j*dim])
+		if err != nil {
+			return 0, err
+		}
+		if i == 0 || cix < ix {
+			ix = cix
+		}
+	}
+	return ix, nil
+}
+
+// tailReadOne is one Read of tailRead.
+func (m *Mux) tailReadOne(ctx context.Context, timeout time.Duration, addr, group string, epoch uint64, keys []uint64, out []float32) (uint64, error) {
 	cc, err := m.conn(addr)
 	if err != nil {
 		return 0, err

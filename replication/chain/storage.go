@@ -5,20 +5,22 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/raftps/raftps/replication"
 	"go.etcd.io/bbolt"
 )
 
 // storage is a chain replica's durable state in its Dir:
 //
 //	chain.db              bbolt, fsync on every commit:
-//	  log  bucket:        index (u64 big-endian, so the cursor walks in order) → entry
-//	  meta bucket:        epoch, order, committed, snapIndex, snapEpoch
+//	  log  bucket:        index (u64 big-endian, so the cursor walks in order) → entry | CRC
+//	  meta bucket:        epoch, order, committed, snapIndex, snapEpoch, entryCRC
 //	snapshot-<index>      the FSM snapshot (replication.Snapshot's stream) at index
 //
 // An entry is creation epoch u64 LE | command. meta's snapIndex names the one
@@ -26,6 +28,12 @@ import (
 // first, and only then does one bbolt transaction switch snapIndex to it and
 // delete the log entries it covers, so a crash at any point leaves a
 // consistent (snapshot, log) pair.
+//
+// Every stored entry ends with a CRC-32C of its index and bytes, checked on
+// every read: bbolt checks its pages' structure but not a value's bytes, so
+// a flipped bit would otherwise be applied, or forwarded down the chain, as
+// a different push. A log written before checksums (no entryCRC in meta) is
+// given them when it is opened.
 //
 // Concurrency: bbolt serialises writers and lets readers run beside them;
 // every method is safe for concurrent use. The Chain decides the order of
@@ -44,7 +52,35 @@ var (
 	metaCommitted = []byte("committed")
 	metaSnapIndex = []byte("snapIndex")
 	metaSnapEpoch = []byte("snapEpoch")
+	metaEntryCRC  = []byte("entryCRC")
 )
+
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
+
+const crcBytes = 4
+
+// sealed returns e with its checksum at index ix appended.
+func sealed(ix uint64, e []byte) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], ix)
+	sum := crc32.Update(crc32.Checksum(k[:], crc32c), crc32c, e)
+	return binary.LittleEndian.AppendUint32(append(make([]byte, 0, len(e)+crcBytes), e...), sum)
+}
+
+// unsealed checks stored value v of index ix and returns its entry (a
+// slice of v).
+func unsealed(ix uint64, v []byte) ([]byte, error) {
+	if len(v) < crcBytes {
+		return nil, fmt.Errorf("%w: chain log entry %d: %d bytes, shorter than its checksum", replication.ErrCorruptReplica, ix, len(v))
+	}
+	e := v[:len(v)-crcBytes]
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], ix)
+	if crc32.Update(crc32.Checksum(k[:], crc32c), crc32c, e) != binary.LittleEndian.Uint32(v[len(e):]) {
+		return nil, fmt.Errorf("%w: chain log entry %d fails its checksum", replication.ErrCorruptReplica, ix)
+	}
+	return e, nil
+}
 
 // storedMeta is what chain.db's meta bucket holds.
 type storedMeta struct {
@@ -67,17 +103,26 @@ func openStorage(dir string) (*storage, storedMeta, error) {
 		return nil, m, err
 	}
 	path := filepath.Join(dir, "chain.db")
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
-		// Another process on the same Dir is an error to report, not a lock
-		// to wait on.
-		Timeout: 2 * time.Second,
-		// The log is short (snapshots truncate it) and commits are many:
-		// rebuild the freelist on open rather than write it every commit.
-		NoFreelistSync: true,
-		FreelistType:   bbolt.FreelistMapType,
+	// bbolt panics or faults on some corrupt files instead of answering an
+	// error: see replication.CheckBoltFile.
+	if err := replication.CheckBoltFile(path); err != nil {
+		return nil, m, err
+	}
+	var db *bbolt.DB
+	err := replication.Contain("chain log "+path, func() (err error) {
+		db, err = bbolt.Open(path, 0o600, &bbolt.Options{
+			// Another process on the same Dir is an error to report, not a
+			// lock to wait on.
+			Timeout: 2 * time.Second,
+			// The log is short (snapshots truncate it) and commits are many:
+			// rebuild the freelist on open rather than write it every commit.
+			NoFreelistSync: true,
+			FreelistType:   bbolt.FreelistMapType,
+		})
+		return err
 	})
 	if err != nil {
-		return nil, m, fmt.Errorf("opening %s: %w", path, err)
+		return nil, m, fmt.Errorf("opening %s: %w", path, replication.BoltOpenError(err))
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists(bucketLog); err != nil {
@@ -94,7 +139,13 @@ func openStorage(dir string) (*storage, storedMeta, error) {
 		if o := b.Get(metaOrder); len(o) > 0 {
 			m.order = strings.Split(string(o), "\n")
 		}
-		return nil
+		if b.Get(metaEntryCRC) != nil {
+			return nil
+		}
+		if err := sealAll(tx.Bucket(bucketLog)); err != nil {
+			return err
+		}
+		return b.Put(metaEntryCRC, []byte{1})
 	})
 	if err != nil {
 		db.Close()
@@ -103,6 +154,29 @@ func openStorage(dir string) (*storage, storedMeta, error) {
 	s := &storage{dir: dir, db: db}
 	s.removeStaleSnapshots(m.snapIndex)
 	return s, m, nil
+}
+
+// sealAll gives every entry of a log written before checksums its
+// checksum. Snapshots keep such a log short.
+func sealAll(b *bbolt.Bucket) error {
+	type kv struct {
+		k uint64
+		v []byte
+	}
+	var all []kv
+	if err := b.ForEach(func(k, v []byte) error {
+		ix := binary.BigEndian.Uint64(k)
+		all = append(all, kv{ix, sealed(ix, v)})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, e := range all {
+		if err := b.Put(ixKey(e.k), e.v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func getU64(b *bbolt.Bucket, k []byte) uint64 {
@@ -129,7 +203,7 @@ func (s *storage) append(first uint64, entries [][]byte, committed uint64) error
 		var k [8]byte
 		for i, e := range entries {
 			binary.BigEndian.PutUint64(k[:], first+uint64(i))
-			if err := b.Put(k[:], e); err != nil {
+			if err := b.Put(k[:], sealed(first+uint64(i), e)); err != nil {
 				return err
 			}
 		}
@@ -159,8 +233,12 @@ func (s *storage) replay(after uint64, fn func(ix uint64, e []byte) error) error
 			if ix != want {
 				return fmt.Errorf("log has entry %d where %d was expected", ix, want)
 			}
+			e, err := unsealed(ix, v)
+			if err != nil {
+				return err
+			}
 			// bbolt's value is valid only inside the transaction.
-			if err := fn(ix, append([]byte(nil), v...)); err != nil {
+			if err := fn(ix, append([]byte(nil), e...)); err != nil {
 				return err
 			}
 			want++
@@ -177,11 +255,15 @@ func (s *storage) read(from uint64, maxBytes int) ([][]byte, error) {
 		c := tx.Bucket(bucketLog).Cursor()
 		size, want := 0, from
 		for k, v := c.Seek(ixKey(from)); k != nil && binary.BigEndian.Uint64(k) == want; k, v = c.Next() {
-			if len(out) > 0 && size+len(v) > maxBytes {
+			e, err := unsealed(want, v)
+			if err != nil {
+				return err
+			}
+			if len(out) > 0 && (size+len(e) > maxBytes || len(out) == MaxForwardEntries) {
 				break
 			}
-			out = append(out, append([]byte(nil), v...))
-			size += len(v)
+			out = append(out, append([]byte(nil), e...))
+			size += len(e)
 			want++
 		}
 		return nil
@@ -206,9 +288,15 @@ func (s *storage) epochAt(ix uint64) (uint64, bool, error) {
 	var ep uint64
 	var ok bool
 	err := s.db.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket(bucketLog).Get(ixKey(ix)); len(v) >= entryHeader {
-			ep, ok = entryEpoch(v), true
+		v := tx.Bucket(bucketLog).Get(ixKey(ix))
+		if v == nil {
+			return nil
 		}
+		e, err := unsealed(ix, v)
+		if err != nil || len(e) < entryHeader {
+			return err
+		}
+		ep, ok = entryEpoch(e), true
 		return nil
 	})
 	return ep, ok, err

@@ -235,8 +235,8 @@ func (c *Chain) epochAtLocked(ix uint64) (uint64, bool, error) {
 	return c.st.epochAt(ix)
 }
 
-// entriesFrom returns entries from index next on (up to batchBytes, at
-// least one), or none if next is past the last entry; appended is closed
+// entriesFrom returns entries from index next on (up to batchBytes and
+// MaxForwardEntries, at least one), or none if next is past the last entry; appended is closed
 // when another entry is appended.
 func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan struct{}, err error) {
 	c.mu.Lock()
@@ -249,7 +249,7 @@ func (c *Chain) entriesFrom(next uint64) (entries [][]byte, appended <-chan stru
 	if next >= c.memFirst {
 		size := 0
 		for _, e := range c.mem[next-c.memFirst:] {
-			if len(entries) > 0 && size+len(e) > batchBytes {
+			if len(entries) > 0 && (size+len(e) > batchBytes || len(entries) == MaxForwardEntries) {
 				break
 			}
 			entries = append(entries, e)
@@ -504,8 +504,11 @@ func (c *Chain) applyForwarded(ctx context.Context, epoch, first uint64, entries
 	if err != nil {
 		return err
 	}
+	// An entry must hold its epoch; what follows is the FSM's to judge (a
+	// command it cannot apply is refused alike on every member, not here,
+	// where refusing would stall the stream for ever).
 	for i, e := range entries {
-		if len(e) <= entryHeader {
+		if len(e) < entryHeader {
 			return fmt.Errorf("chain %s: %w: entry %d is %d bytes", c.cfg.ID, replication.ErrBadRequest, first+uint64(i), len(e))
 		}
 	}
@@ -534,6 +537,12 @@ func (c *Chain) installSnapshot(ctx context.Context, stream grpc.BidiStreamingSe
 	// replace this replica's own snapshot of the same index.
 	tmp, err := c.st.writeTemp(ix, func(w io.Writer) error {
 		for {
+			if sp := c.cfg.Space; sp != nil {
+				if recvErr = sp.Admit(int64(len(msg.SnapshotData))); recvErr != nil {
+					recvErr = fmt.Errorf("chain %s: snapshot %d: %w", c.cfg.ID, ix, recvErr)
+					return recvErr
+				}
+			}
 			if _, err := w.Write(msg.SnapshotData); err != nil {
 				return err
 			}

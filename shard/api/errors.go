@@ -50,6 +50,15 @@ const (
 	ReasonNodeConflict      Reason = "NODE_CONFLICT"      // a node's ID or address clashes, or a drain or removal is refused
 	ReasonStaleMap          Reason = "STALE_MAP"          // the request carried an older epoch of the shard's map entry
 	ReasonNotReplica        Reason = "NOT_REPLICA"        // the node's map does not place the shard on it
+	ReasonBadEntry          Reason = "BAD_ENTRY"          // the log entry holding the push could not be applied on any replica (a bug); nothing of it was
+	ReasonQuotaExceeded     Reason = "QUOTA_EXCEEDED"     // a limit on tables, replicas per node or jobs would be exceeded; the message names it
+	ReasonTableInUse        Reason = "TABLE_IN_USE"       // a job in the registry uses the table (drop it with force)
+	ReasonClusterMismatch   Reason = "CLUSTER_MISMATCH"   // a node's data dir belongs to another cluster
+	ReasonDiskFull          Reason = "DISK_FULL"          // the node's data disk is below its minimum free space: writes refused until space returns
+	ReasonUnauthenticated   Reason = "UNAUTHENTICATED"    // no credential this listener accepts (shard/auth)
+	ReasonPermissionDenied  Reason = "PERMISSION_DENIED"  // the caller's role or identity may not do this (shard/auth)
+	ReasonUnknownToken      Reason = "UNKNOWN_TOKEN"      // no bearer token of that ID or name
+	ReasonTokenExists       Reason = "TOKEN_EXISTS"       // a bearer token of that ID or name exists
 )
 
 // The errors a node answers with, one per reason. A node's own errors wrap
@@ -89,6 +98,15 @@ var (
 	ErrNodeConflict      = errors.New("node conflict")
 	ErrStaleMap          = errors.New("stale shard map")
 	ErrNotReplica        = errors.New("not a replica of the shard")
+	ErrBadEntry          = errors.New("bad log entry")
+	ErrQuotaExceeded     = errors.New("quota exceeded")
+	ErrTableInUse        = errors.New("table in use")
+	ErrClusterMismatch   = errors.New("data dir of another cluster")
+	ErrDiskFull          = errors.New("disk full")
+	ErrUnauthenticated   = errors.New("unauthenticated")
+	ErrPermissionDenied  = errors.New("permission denied")
+	ErrUnknownToken      = errors.New("unknown token")
+	ErrTokenExists       = errors.New("token exists")
 )
 
 // reasonTable is the one table of reasons, their gRPC codes and errors.
@@ -130,6 +148,15 @@ var reasonTable = []struct {
 	{ReasonNodeConflict, codes.FailedPrecondition, ErrNodeConflict},
 	{ReasonStaleMap, codes.FailedPrecondition, ErrStaleMap},
 	{ReasonNotReplica, codes.FailedPrecondition, ErrNotReplica},
+	{ReasonBadEntry, codes.Internal, ErrBadEntry},
+	{ReasonQuotaExceeded, codes.ResourceExhausted, ErrQuotaExceeded},
+	{ReasonTableInUse, codes.FailedPrecondition, ErrTableInUse},
+	{ReasonClusterMismatch, codes.FailedPrecondition, ErrClusterMismatch},
+	{ReasonDiskFull, codes.ResourceExhausted, ErrDiskFull},
+	{ReasonUnauthenticated, codes.Unauthenticated, ErrUnauthenticated},
+	{ReasonPermissionDenied, codes.PermissionDenied, ErrPermissionDenied},
+	{ReasonUnknownToken, codes.NotFound, ErrUnknownToken},
+	{ReasonTokenExists, codes.AlreadyExists, ErrTokenExists},
 }
 
 // Reasons returns every reason with its gRPC code and error, for tests and
@@ -223,7 +250,9 @@ func (e *RemoteError) Unwrap() error { return e.err }
 // (errors that carry no status are returned as they are). The reason in the
 // ErrorInfo detail decides which error it unwraps to; a status without one
 // (the transport's own, or a node of another version) is classed by its
-// code: Unavailable as ErrUnavailable, DeadlineExceeded and Canceled as the
+// code: Unavailable as ErrUnavailable, ResourceExhausted as
+// ErrRequestTooLarge (gRPC's own refusal of a message over the receive
+// limit, which carries no detail), DeadlineExceeded and Canceled as the
 // context's errors.
 func FromStatus(err error) error {
 	if err == nil {
@@ -251,6 +280,8 @@ func FromStatusProto(st *status.Status) error {
 		switch st.Code() {
 		case codes.Unavailable:
 			re.err = ErrUnavailable
+		case codes.ResourceExhausted:
+			re.err = ErrRequestTooLarge
 		case codes.DeadlineExceeded:
 			re.err = context.DeadlineExceeded
 		case codes.Canceled:

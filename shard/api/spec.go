@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"time"
 
 	"github.com/raftps/raftps/shard/shardpb"
@@ -50,11 +51,43 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
 
+// MaxTableNameLen is the longest table name, in bytes.
+const MaxTableNameLen = 63
+
+// tableNameRE is what a table may be called. A name is a directory of every
+// replica's data dir (groups/NAME/SHARD, chains/NAME/SHARD) and the first
+// half of a group ID (NAME/SHARD), so it must never be a path component
+// with a meaning of its own: "." and ".." (the data dir itself, its parent),
+// a digits-only name (table "." shard 3 would be groups/3, the directory of
+// table "3"), a separator, or a hidden file. Lower case only, so that two
+// tables never share a directory on a case-insensitive file system. Dots
+// inside a name are allowed: a training job keeps its state in JOB.state
+// and JOB.dense.
+var tableNameRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
+
+// CheckTableName returns an error wrapping ErrInvalidConfig unless name may
+// name a table: 1 to 63 bytes of lower-case letters, digits, '_', '-' and
+// '.', starting with a letter. Specs are checked by NormalizeSpec, and the
+// metadata state machine checks every table command again on apply.
+func CheckTableName(name string) error {
+	if !tableNameRE.MatchString(name) {
+		shown := name
+		if len(shown) > MaxTableNameLen+1 {
+			shown = shown[:MaxTableNameLen+1] + "..."
+		}
+		return invalid("table name %q (%d bytes): want 1 to %d lower-case letters, digits, '_', '-' or '.', starting with a letter", shown, len(name), MaxTableNameLen)
+	}
+	return nil
+}
+
 // NormalizeSpec validates spec and fills its defaults, returning a copy; the
 // error wraps ErrInvalidConfig and names the field and value at fault.
 // Servers store what it returns; a client that compares a spec with a
 // stored one normalizes it first.
 func NormalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
+	if err := CheckTableName(spec.GetName()); err != nil {
+		return nil, err
+	}
 	s := proto.Clone(spec).(*shardpb.TableSpec)
 	if s.Initializer == "" {
 		s.Initializer = "zeros"

@@ -81,3 +81,25 @@ func TestNormalizeSpecReplication(t *testing.T) {
 		t.Errorf("alter hot on a chain table: %v, %v", s, err)
 	}
 }
+
+// TestTableNames: the names of the reproduction (".", "..", "3",
+// ".x", "a/b", 300 bytes) and anything else that is a path component with a
+// meaning are refused with ErrInvalidConfig; the names the tests, demo,
+// bench, docs and trainer use stay valid.
+func TestTableNames(t *testing.T) {
+	for _, bad := range []string{"", ".", "..", "3", "007", ".x", "a/b", "/", "a\\b", strings.Repeat("a", 300),
+		strings.Repeat("a", MaxTableNameLen+1), "Users", "_x", "-x", "a b", "a\x00", "é", "emb/0"} {
+		if _, err := NormalizeSpec(&shardpb.TableSpec{Name: bad, Dim: 4}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("table %q: got %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+	for _, good := range []string{"t", "emb", "users", "chaos_lin", "chaos-x", "lr.state", "train_dlrm.dense", "bench", "t3", "a..b", "x.",
+		strings.Repeat("a", MaxTableNameLen)} {
+		if err := CheckTableName(good); err != nil {
+			t.Errorf("table %q: %v", good, err)
+		}
+	}
+	if err := CheckTableName(strings.Repeat("a", 300)); err == nil || len(err.Error()) > 300 {
+		t.Errorf("a 300-byte name's error should be refused and not repeat the whole name: %v", err)
+	}
+}

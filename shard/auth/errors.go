@@ -1,8 +1,6 @@
 package auth
 
 import (
-	"errors"
-
 	"github.com/raftps/raftps/shard/api"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -14,19 +12,19 @@ var (
 	// ErrUnauthenticated: the caller proved no identity this listener
 	// accepts (no certificate or token, a token that is not valid, a
 	// certificate without a raftps identity).
-	ErrUnauthenticated = errors.New("unauthenticated")
+	ErrUnauthenticated = api.ErrUnauthenticated
 	// ErrPermissionDenied: the caller is known and may not do this (a
 	// reader pushing, a node certificate on the client API, a node
 	// speaking for another node or for a group it is not in).
-	ErrPermissionDenied = errors.New("permission denied")
+	ErrPermissionDenied = api.ErrPermissionDenied
 )
 
-// The reasons of the refusals on the wire (see shard/api's reasons): until
-// shard/api's table lists them, clients see them as the reason of a
-// RemoteError without an error to unwrap to.
+// The reasons of the refusals on the wire: shard/api's, whose table maps
+// them back to ErrUnauthenticated and ErrPermissionDenied, so errors.Is
+// works across the wire.
 const (
-	ReasonUnauthenticated  api.Reason = "UNAUTHENTICATED"
-	ReasonPermissionDenied api.Reason = "PERMISSION_DENIED"
+	ReasonUnauthenticated  = api.ReasonUnauthenticated
+	ReasonPermissionDenied = api.ReasonPermissionDenied
 )
 
 // Error is a refusal: a message that says who was refused what and why,

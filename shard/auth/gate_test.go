@@ -168,6 +168,7 @@ func TestClientRoles(t *testing.T) {
 		shardpb.ParameterServer_AlterTable_FullMethodName:   certs.RoleAdmin,
 		shardpb.ParameterServer_SetNodeAdmin_FullMethodName: certs.RoleAdmin,
 		shardpb.ParameterServer_DeleteJob_FullMethodName:    certs.RoleAdmin,
+		shardpb.ParameterServer_DropTable_FullMethodName:    certs.RoleAdmin,
 	}
 	for _, role := range []certs.Role{certs.RoleReader, certs.RoleWriter, certs.RoleAdmin} {
 		cc := c.dial(t, c.dir.Client("u-"+role.String(), role))

@@ -68,7 +68,7 @@ func RequireNode(ctx context.Context, id string) error {
 		return err
 	}
 	if p.Name != id {
-		return denied(fmt.Sprintf("node %s may not speak for node %s", p.Name, id))
+		return denied(fmt.Sprintf("node %s may not speak for node %s", p.Name, brief(id, 64)))
 	}
 	return nil
 }
@@ -84,9 +84,18 @@ func RequireMember(ctx context.Context, what string, isMember func(nodeID string
 		return "", err
 	}
 	if !isMember(p.Name) {
-		return "", denied(fmt.Sprintf("node %s is not a member of %s", p.Name, what))
+		return "", denied(fmt.Sprintf("node %s is not a member of %s", p.Name, brief(what, 256)))
 	}
 	return p.Name, nil
+}
+
+// brief is a claimed name as a refusal quotes it: a message must not echo
+// a megabyte a caller sent.
+func brief(s string, n int) string {
+	if len(s) > n {
+		return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
+	}
+	return s
 }
 
 func node(ctx context.Context) (Principal, error) {

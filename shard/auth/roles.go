@@ -19,7 +19,9 @@ const (
 // reader: what reads state (rows, specs, the map, status, jobs, hot keys,
 // and PeerContact, which the client's dead-node detection asks);
 // writer: what changes rows or joins a training job;
-// admin: what changes tables, nodes and the job registry for others.
+// admin: what changes tables, nodes and the job registry for others, and
+// bearer tokens (listing them too: their names and roles say who may do
+// what).
 var clientRoles = map[string]certs.Role{
 	shardpb.ParameterServer_Pull_FullMethodName:          certs.RoleReader,
 	shardpb.ParameterServer_PullBatch_FullMethodName:     certs.RoleReader,
@@ -33,10 +35,15 @@ var clientRoles = map[string]certs.Role{
 	shardpb.ParameterServer_Push_FullMethodName:          certs.RoleWriter,
 	shardpb.ParameterServer_PushBatch_FullMethodName:     certs.RoleWriter,
 	shardpb.ParameterServer_JoinJob_FullMethodName:       certs.RoleWriter,
+	shardpb.ParameterServer_ReportEval_FullMethodName:    certs.RoleWriter,
 	shardpb.ParameterServer_CreateTable_FullMethodName:   certs.RoleAdmin,
 	shardpb.ParameterServer_AlterTable_FullMethodName:    certs.RoleAdmin,
+	shardpb.ParameterServer_DropTable_FullMethodName:     certs.RoleAdmin,
 	shardpb.ParameterServer_DeleteJob_FullMethodName:     certs.RoleAdmin,
 	shardpb.ParameterServer_SetNodeAdmin_FullMethodName:  certs.RoleAdmin,
+	shardpb.ParameterServer_CreateToken_FullMethodName:   certs.RoleAdmin,
+	shardpb.ParameterServer_ListTokens_FullMethodName:    certs.RoleAdmin,
+	shardpb.ParameterServer_DeleteToken_FullMethodName:   certs.RoleAdmin,
 	reflectionV1:      certs.RoleReader,
 	reflectionV1Alpha: certs.RoleReader,
 }

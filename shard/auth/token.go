@@ -122,3 +122,19 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 }
 
 func (bearer) RequireTransportSecurity() bool { return true }
+
+// Check returns an error unless r is a record NewToken could have made: an
+// ID of 16 hex digits and a well-formed client identity. The hash is any
+// 32 bytes.
+func (r TokenRecord) Check() error {
+	if len(r.ID) != 2*tokenIDBytes || strings.ToLower(r.ID) != r.ID {
+		return fmt.Errorf("token record: ID %q: want %d lowercase hex digits", r.ID, 2*tokenIDBytes)
+	}
+	if _, err := hex.DecodeString(r.ID); err != nil {
+		return fmt.Errorf("token record: ID %q: want %d lowercase hex digits", r.ID, 2*tokenIDBytes)
+	}
+	if err := certs.ClientIdentity(r.Name, r.Role).Check(); err != nil {
+		return fmt.Errorf("token record %s: %w", r.ID, err)
+	}
+	return nil
+}

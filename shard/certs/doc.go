@@ -16,7 +16,9 @@
 //     client certificates (client authentication only); the gossip key
 //     (32 random bytes, base64). Files: ca.crt, ca.key, gossip.key,
 //     node.ID.crt/.key, client.NAME.crt/.key; keys are 0600 from their
-//     first byte, and nothing is overwritten unless asked.
+//     first byte, and nothing is overwritten unless asked. Ensure makes
+//     what is missing of a cluster's set; NodeMaterial.Load opens a node's
+//     from a directory or from files named one by one.
 //   - Source (source.go): one party's CA file, certificate and key, checked
 //     when read (signed by the CA, valid, the identity wanted) and read
 //     again at most every CheckEvery on a handshake; a renewed pair that

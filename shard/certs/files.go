@@ -305,3 +305,93 @@ func describe(path string, cas []*x509.Certificate, now time.Time) Entry {
 	e.Problem = strings.Join(problems, "; ")
 	return e
 }
+
+// NodeMaterial names a node's material: a certs directory as raftps cert
+// writes it (ca.crt, node.ID.crt, node.ID.key, gossip.key), or each file by
+// itself, which wins over the directory's.
+type NodeMaterial struct {
+	Dir, CA, Cert, Key, GossipKey string
+}
+
+// Named says whether any of the material is named.
+func (m NodeMaterial) Named() bool {
+	return m.Dir != "" || m.CA != "" || m.Cert != "" || m.Key != "" || m.GossipKey != ""
+}
+
+// Load opens node id's material: its certificates, as a Source that must
+// name the node (o.Want is set to it), and its gossip keys. Without Dir,
+// every file must be named.
+func (m NodeMaterial) Load(id string, o SourceOptions) (*Source, [][]byte, error) {
+	files, gossip := NodeFiles(m.Dir, id), filepath.Join(m.Dir, GossipKeyFile)
+	for _, f := range []struct{ given, dst *string }{{&m.CA, &files.CA}, {&m.Cert, &files.Cert}, {&m.Key, &files.Key}, {&m.GossipKey, &gossip}} {
+		if *f.given != "" {
+			*f.dst = *f.given
+		} else if m.Dir == "" {
+			return nil, nil, fmt.Errorf("%w: without a certs directory, the CA, certificate, key and gossip key files must each be named", ErrMaterial)
+		}
+	}
+	o.Want = NodeIdentity(id)
+	src, err := NewSource(files, o)
+	if err != nil {
+		if m.Dir != "" {
+			return nil, nil, fmt.Errorf("certificates in %s: %w", m.Dir, err)
+		}
+		return nil, nil, fmt.Errorf("certificates: %w", err)
+	}
+	keys, err := LoadGossipKeys(gossip)
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, keys, nil
+}
+
+// NodeCert and ClientCert name certificates for Ensure to make.
+type (
+	NodeCert struct {
+		ID    string
+		Hosts []string
+	}
+	ClientCert struct {
+		Name string
+		Role Role
+	}
+)
+
+// Ensure makes what is missing in dir of a CA (with its gossip key) and the
+// nodes' and clients' certificates, and keeps what exists: a step that can
+// run before every start of a cluster. made, if set, is told of each thing
+// it made.
+func Ensure(dir string, nodes []NodeCert, clients []ClientCert, made func(string)) error {
+	if dir == "" {
+		return fmt.Errorf("%w: no certs directory", ErrMaterial)
+	}
+	if made == nil {
+		made = func(string) {}
+	}
+	exists := func(f string) bool { _, err := os.Stat(f); return err == nil }
+	if !exists(filepath.Join(dir, CACertFile)) {
+		if _, err := CreateCA(dir, "raftps CA", Options{}); err != nil {
+			return err
+		}
+		made(fmt.Sprintf("a CA and gossip key in %s", dir))
+	}
+	for _, n := range nodes {
+		if exists(NodeFiles(dir, n.ID).Cert) {
+			continue
+		}
+		if _, err := CreateNode(dir, n.ID, n.Hosts, Options{}); err != nil {
+			return err
+		}
+		made(fmt.Sprintf("node %s's certificate for %s", n.ID, strings.Join(n.Hosts, ",")))
+	}
+	for _, c := range clients {
+		if exists(ClientFiles(dir, c.Name).Cert) {
+			continue
+		}
+		if _, err := CreateClient(dir, c.Name, c.Role, Options{}); err != nil {
+			return err
+		}
+		made(fmt.Sprintf("client %s's certificate (%v)", c.Name, c.Role))
+	}
+	return nil
+}

@@ -193,3 +193,35 @@ func TestList(t *testing.T) {
 		t.Error("List of an empty directory: no error")
 	}
 }
+
+// TestNodeMaterialLoad: a node opens its own material from a certs
+// directory, a file named by itself wins over the directory's, another
+// node's certificate is refused, and without a directory every file must
+// be named.
+func TestNodeMaterialLoad(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if _, err := certs.CreateCA(dir, "test", certs.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"n1", "n2"} {
+		if _, err := certs.CreateNode(dir, id, []string{"127.0.0.1"}, certs.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, keys, err := certs.NodeMaterial{Dir: dir}.Load("n1", certs.SourceOptions{})
+	if err != nil || src == nil || len(keys) != 1 {
+		t.Fatalf("n1 from its directory: %v, %d gossip keys", err, len(keys))
+	}
+	n2 := certs.NodeFiles(dir, "n2")
+	if _, _, err := (certs.NodeMaterial{Dir: dir, Cert: n2.Cert, Key: n2.Key}).Load("n1", certs.SourceOptions{}); err == nil {
+		t.Error("n2's certificate opened as n1's")
+	}
+	n1 := certs.NodeFiles(dir, "n1")
+	if _, _, err := (certs.NodeMaterial{CA: n1.CA, Cert: n1.Cert, Key: n1.Key}).Load("n1", certs.SourceOptions{}); !errors.Is(err, certs.ErrMaterial) {
+		t.Errorf("no directory and no gossip key file: %v, want ErrMaterial", err)
+	}
+	all := certs.NodeMaterial{CA: n1.CA, Cert: n1.Cert, Key: n1.Key, GossipKey: filepath.Join(dir, certs.GossipKeyFile)}
+	if _, _, err := all.Load("n1", certs.SourceOptions{}); err != nil {
+		t.Errorf("every file named: %v", err)
+	}
+}

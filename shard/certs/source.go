@@ -214,3 +214,15 @@ func (s *Source) parse(raw [3][]byte) (*material, error) {
 	m.clientL, m.peerL = s.listenerConfigs(m)
 	return m, nil
 }
+
+// RateLimited calls f at most once every interval; calls between are
+// dropped. For OnRefused: a flood of handshakes must not flood the log.
+func RateLimited(every time.Duration, f func(error)) func(error) {
+	var last atomic.Int64
+	return func(err error) {
+		now := time.Now().UnixNano()
+		if prev := last.Load(); now-prev >= int64(every) && last.CompareAndSwap(prev, now) {
+			f(err)
+		}
+	}
+}

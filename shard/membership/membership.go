@@ -42,6 +42,11 @@ type Config struct {
 	// not see alive (a restarted or partitioned peer is otherwise never
 	// probed again); 0: 5s.
 	RejoinInterval time.Duration
+	// Keys encrypt and authenticate all gossip (memberlist's keyring, with
+	// GossipVerifyIncoming and GossipVerifyOutgoing on): the first is sent
+	// with, every one is accepted (certs.LoadGossipKeys). None: gossip is
+	// plaintext and unauthenticated (a node run with --insecure).
+	Keys [][]byte
 }
 
 // Local is what the node running the membership tells it about itself and
@@ -59,7 +64,11 @@ type Local struct {
 	// Faults, if set, applies the node's fault injection to gossip (see
 	// gossipTransport); nil: none.
 	Faults *netfault.Faults
-	Logger hclog.Logger // nil: none
+	// GossipAddrOf, if set, is the gossip address the cluster map records
+	// for a node ID ("" if none): a member gossiping under that name from
+	// another address is refused, so that no node gossips as another.
+	GossipAddrOf func(id string) string
+	Logger       hclog.Logger // nil: none
 }
 
 // nodeMeta is what a node gossips about itself (memberlist NodeMeta).
@@ -173,6 +182,16 @@ func New(cfg Config, local Local) (*Membership, error) {
 		mc.SuspicionMult = cfg.SuspicionMult
 	}
 	m.probe, m.probeTimeout = mc.ProbeInterval, mc.ProbeTimeout
+	if len(cfg.Keys) > 0 {
+		if mc.Keyring, err = memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0]); err != nil {
+			mc.Transport.Shutdown()
+			return nil, fmt.Errorf("gossip keyring: %w", err)
+		}
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
+	if local.GossipAddrOf != nil {
+		mc.Alive = aliveDelegate{self: self.ID, addrOf: local.GossipAddrOf}
+	}
 	mc.Delegate = metaDelegate{m}
 	mc.Events = eventDelegate{m}
 	mc.Ping = pingDelegate{m}
@@ -371,6 +390,28 @@ func (m *Membership) Close() error {
 	err := m.ml.Shutdown()
 	m.wg.Wait()
 	return err
+}
+
+// aliveDelegate refuses a member whose gossip address is not the one the
+// cluster map records for its name: with the gossip key, a node could
+// otherwise announce itself as another and later "leave" in its name.
+type aliveDelegate struct {
+	self   string // this node's own state is never refused: memberlist needs it
+	addrOf func(string) string
+}
+
+func (d aliveDelegate) NotifyAlive(n *memberlist.Node) error {
+	if n.Name == d.self {
+		return nil
+	}
+	want := d.addrOf(n.Name)
+	if host, _, err := net.SplitHostPort(want); err != nil || net.ParseIP(host) == nil {
+		return nil // unknown, or a host name: memberlist knows members by IP only
+	}
+	if got := n.Address(); got != want {
+		return fmt.Errorf("gossip member %q at %s: the cluster map has it at %s", n.Name, got, want)
+	}
+	return nil
 }
 
 type metaDelegate struct{ m *Membership }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/certs"
 
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
@@ -47,7 +48,7 @@ func (m *FSM) changed() {
 	m.mapVersion++
 }
 
-func (m *FSM) applyCreateV2(arg []byte) any {
+func (m *FSM) applyCreateV2(arg []byte, index uint64) any {
 	c := &shardpb.MetaCreateTable{}
 	if err := proto.Unmarshal(arg, c); err != nil {
 		return fmt.Errorf("meta: decoding table creation: %w", err)
@@ -56,10 +57,17 @@ func (m *FSM) applyCreateV2(arg []byte) any {
 	if spec == nil || spec.Name == "" || spec.Shards == 0 || uint32(len(c.Shards)) != spec.Shards {
 		return fmt.Errorf("meta: %w: table creation with %d shard entries for %d shards", api.ErrBadRequest, len(c.Shards), spec.GetShards())
 	}
+	if err := checkStoredSpec(spec); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	if _, ok := m.tables[spec.Name]; ok {
 		m.mu.Unlock()
 		return fmt.Errorf("table %q: %w", spec.Name, store.ErrTableExists)
+	}
+	if err := m.checkCreateQuotasLocked(c); err != nil {
+		m.mu.Unlock()
+		return err
 	}
 	// The leader builds the command, but it is checked here, on the state it
 	// applies to: a node may have been forgotten since it was decided.
@@ -77,7 +85,7 @@ func (m *FSM) applyCreateV2(arg []byte) any {
 	}
 	m.tables[spec.Name] = spec
 	for _, sm := range c.Shards {
-		sm.Table, sm.Epoch = spec.Name, 1
+		sm.Table, sm.Epoch, sm.Incarnation = spec.Name, 1, index
 		m.shards[ShardMapKey(sm)] = sm
 	}
 	m.changed()
@@ -91,8 +99,8 @@ func (m *FSM) applyRegister(arg []byte) any {
 	if err := proto.Unmarshal(arg, nd); err != nil {
 		return fmt.Errorf("meta: decoding node: %w", err)
 	}
-	if nd.Id == "" || nd.Addr == "" || nd.PeerAddr == "" {
-		return fmt.Errorf("%w: node registration needs an ID, a client address and a peer address", api.ErrBadRequest)
+	if err := CheckNode(nd); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	// Sorted, so every replica returns the same error text.
@@ -132,6 +140,35 @@ func (m *FSM) applyRegister(arg []byte) any {
 	m.mu.Unlock()
 	m.onChange()
 	return n
+}
+
+// CheckNode returns an error wrapping api.ErrBadRequest unless nd may be
+// registered: its ID is a node name (certs.CheckName, the rule of node
+// certificates: 1 to 63 letters, digits, '.', '_' or '-', starting with a
+// letter or digit) and its client, peer and (if given) gossip addresses
+// pass api.CheckAddr. The node checks a JoinCluster before it proposes it,
+// and Apply checks the entry again: an ID or address of megabytes would make
+// an entry that never fits an AppendEntries, and stop the metadata group.
+func CheckNode(nd *shardpb.ClusterNode) error {
+	if id := nd.GetId(); len(id) > 64 {
+		// Not quoted whole: the refusal of a megabyte ID is not a megabyte.
+		return fmt.Errorf("%w: node ID %q... is %d bytes: want 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", api.ErrBadRequest, id[:64], len(id))
+	}
+	if err := certs.CheckName(nd.GetId()); err != nil {
+		return fmt.Errorf("%w: node ID: %w", api.ErrBadRequest, err)
+	}
+	if err := api.CheckAddr("node "+nd.Id+"'s client address", nd.Addr); err != nil {
+		return err
+	}
+	if err := api.CheckAddr("node "+nd.Id+"'s peer address", nd.PeerAddr); err != nil {
+		return err
+	}
+	if nd.GossipAddr != "" {
+		if err := api.CheckAddr("node "+nd.Id+"'s gossip address", nd.GossipAddr); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (m *FSM) applySetAdmin(arg []byte) any {
@@ -237,7 +274,7 @@ func (m *FSM) applySetShard(arg []byte) any {
 		m.mu.Unlock()
 		return err
 	}
-	sm := &shardpb.ShardMap{Table: req.Table, Shard: req.Shard, Replicas: req.Replicas, Adding: req.Adding, Epoch: old.Epoch + 1}
+	sm := &shardpb.ShardMap{Table: req.Table, Shard: req.Shard, Replicas: req.Replicas, Adding: req.Adding, Epoch: old.Epoch + 1, Incarnation: old.Incarnation}
 	m.shards[key] = sm
 	m.changed()
 	m.mu.Unlock()

@@ -31,8 +31,16 @@ func cmRegister(id, addr, gossip string) cmCmd {
 	return cmRegisterPeer(id, addr, cmPeer(addr), gossip)
 }
 
+// cmRegisterPeer registers node id at the given hosts, each with port 1
+// (a node registers host:port addresses: CheckNode).
 func cmRegisterPeer(id, addr, peer, gossip string) cmCmd {
-	return cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: id, Addr: addr, PeerAddr: peer, GossipAddr: gossip}}
+	port := func(host string) string {
+		if host == "" {
+			return ""
+		}
+		return host + ":1"
+	}
+	return cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: id, Addr: port(addr), PeerAddr: port(peer), GossipAddr: port(gossip)}}
 }
 
 // cmPeer is the peer address the tests give client address addr.
@@ -211,12 +219,13 @@ func TestClusterMapBase(t *testing.T) {
 	want := &shardpb.ClusterMap{
 		Version: cmBaseVersion,
 		Nodes: []*shardpb.ClusterNode{
-			{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g1"}, {Id: "n2", Addr: "a2", PeerAddr: "p2", GossipAddr: "g2"},
-			{Id: "n3", Addr: "a3", PeerAddr: "p3", GossipAddr: "g3"}, {Id: "n4", Addr: "a4", PeerAddr: "p4", GossipAddr: "g4"},
+			{Id: "n1", Addr: "a1:1", PeerAddr: "p1:1", GossipAddr: "g1:1"}, {Id: "n2", Addr: "a2:1", PeerAddr: "p2:1", GossipAddr: "g2:1"},
+			{Id: "n3", Addr: "a3:1", PeerAddr: "p3:1", GossipAddr: "g3:1"}, {Id: "n4", Addr: "a4:1", PeerAddr: "p4:1", GossipAddr: "g4:1"},
 		},
 		Shards: []*shardpb.ShardMap{
-			{Table: "t", Shard: 0, Replicas: []string{"n1", "n2", "n3"}, Epoch: 1},
-			{Table: "t", Shard: 1, Replicas: []string{"n2", "n3", "n4"}, Epoch: 1},
+			// Incarnation: the index of the creation (after 4 registrations).
+			{Table: "t", Shard: 0, Replicas: []string{"n1", "n2", "n3"}, Epoch: 1, Incarnation: 5},
+			{Table: "t", Shard: 1, Replicas: []string{"n2", "n3", "n4"}, Epoch: 1, Incarnation: 5},
 		},
 		Tables: []*shardpb.TableSpec{{Name: "t", Dim: 4, Shards: 2, Replicas: 3}},
 	}
@@ -234,7 +243,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// A new node is in the map, active, with its addresses; version +1.
 			name: "new node", cmd: cmRegister("n5", "a5", "g5"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a5", PeerAddr: "p5", GossipAddr: "g5", Admin: cmActive}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a5:1", PeerAddr: "p5:1", GossipAddr: "g5:1", Admin: cmActive}
 				if !proto.Equal(cmNode(after, "n5"), want) || !proto.Equal(out.(proto.Message), want) {
 					t.Fatalf("n5 in map %v, returned %v; want %v", cmNode(after, "n5"), out, want)
 				}
@@ -288,7 +297,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			name: "new address keeps draining", setup: []cmCmd{cmRegister("n5", "a5", "g5"), cmAdmin("n5", cmDraining)},
 			cmd: cmRegister("n5", "a9", "g9"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", PeerAddr: "p9", GossipAddr: "g9", Admin: cmDraining}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9:1", PeerAddr: "p9:1", GossipAddr: "g9:1", Admin: cmDraining}
 				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
 					t.Fatalf("n5 %v, want %v", got, want)
 				}
@@ -307,7 +316,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// from the map.
 			name: "new client address while holding replicas", cmd: cmRegisterPeer("n1", "a9", "p1", "g1"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n1", Addr: "a9", PeerAddr: "p1", GossipAddr: "g1", Admin: cmActive}
+				want := &shardpb.ClusterNode{Id: "n1", Addr: "a9:1", PeerAddr: "p1:1", GossipAddr: "g1:1", Admin: cmActive}
 				if got := cmNode(after, "n1"); !proto.Equal(got, want) {
 					t.Fatalf("n1 %v, want %v", got, want)
 				}
@@ -327,7 +336,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// TestClusterMapRegisterSequence).
 			name: "new address keeps active", setup: []cmCmd{cmRegister("n5", "a5", "g5")}, cmd: cmRegister("n5", "a9", "g5"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9", PeerAddr: "p9", GossipAddr: "g5", Admin: cmActive}
+				want := &shardpb.ClusterNode{Id: "n5", Addr: "a9:1", PeerAddr: "p9:1", GossipAddr: "g5:1", Admin: cmActive}
 				if got := cmNode(after, "n5"); !proto.Equal(got, want) {
 					t.Fatalf("n5 %v, want %v", got, want)
 				}
@@ -337,8 +346,8 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// A new gossip address alone is a change too.
 			name: "new gossip address", cmd: cmRegister("n1", "a1", "g9"), delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
-				if got := cmNode(after, "n1").GossipAddr; got != "g9" {
-					t.Fatalf("gossip address %q, want g9", got)
+				if got := cmNode(after, "n1").GossipAddr; got != "g9:1" {
+					t.Fatalf("gossip address %q, want g9:1", got)
 				}
 			},
 		},
@@ -346,7 +355,7 @@ func TestClusterMapRegisterNode(t *testing.T) {
 			// The admin state in a registration is ignored: a node cannot
 			// register itself out of draining.
 			name: "admin in registration ignored", setup: []cmCmd{cmAdmin("n1", cmDraining)},
-			cmd: cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1", PeerAddr: "p1", GossipAddr: "g9", Admin: cmActive}}, delta: 1,
+			cmd: cmCmd{CmdRegisterNode, &shardpb.ClusterNode{Id: "n1", Addr: "a1:1", PeerAddr: "p1:1", GossipAddr: "g9:1", Admin: cmActive}}, delta: 1,
 			check: func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
 				if got := cmNode(after, "n1").Admin; got != cmDraining {
 					t.Fatalf("n1 is %v after re-registering, want draining", got)
@@ -375,7 +384,7 @@ func TestClusterMapRegisterSequence(t *testing.T) {
 	// n5 holds no replica: removed, it can be forgotten, and its address reused.
 	cmMustApply(t, l, cmAdmin("n5", cmRemoved), cmForget("n5"), cmRegister("n6", "a1", "g6"))
 	cm := l.m.ClusterMap()
-	if cmNode(cm, "n5") != nil || cmNode(cm, "n6").GetAddr() != "a1" || cmNode(cm, "n1").GetAddr() != "a9" {
+	if cmNode(cm, "n5") != nil || cmNode(cm, "n6").GetAddr() != "a1:1" || cmNode(cm, "n1").GetAddr() != "a9:1" {
 		t.Fatalf("map %v", cm)
 	}
 	if cm.Version != cmBaseVersion+6 {
@@ -534,9 +543,9 @@ func TestClusterMapCreateTable(t *testing.T) {
 					t.Fatalf("table u %v, returned %v; want %v", cmTable(after, "u"), out, spec)
 				}
 				for s, want := range []*shardpb.ShardMap{
-					{Table: "u", Shard: 0, Replicas: []string{"n1", "n2"}, Epoch: 1},
-					{Table: "u", Shard: 1, Replicas: []string{"n3", "n4"}, Epoch: 1},
-					{Table: "u", Shard: 2, Replicas: []string{"n4", "n1"}, Adding: "n2", Epoch: 1},
+					{Table: "u", Shard: 0, Replicas: []string{"n1", "n2"}, Epoch: 1, Incarnation: 6},
+					{Table: "u", Shard: 1, Replicas: []string{"n3", "n4"}, Epoch: 1, Incarnation: 6},
+					{Table: "u", Shard: 2, Replicas: []string{"n4", "n1"}, Adding: "n2", Epoch: 1, Incarnation: 6},
 				} {
 					if got := cmShard(after, "u", uint32(s)); !proto.Equal(got, want) {
 						t.Errorf("u/%d %v, want %v", s, got, want)
@@ -596,6 +605,8 @@ func TestClusterMapSetShard(t *testing.T) {
 	// wantEntry: the entry is want, and every other entry and node is as before.
 	wantEntry := func(want *shardpb.ShardMap) func(*testing.T, *shardpb.ClusterMap, *shardpb.ClusterMap, any) {
 		return func(t *testing.T, before, after *shardpb.ClusterMap, out any) {
+			// A change keeps the entry's incarnation (its table's creation).
+			want.Incarnation = cmShard(before, want.Table, want.Shard).GetIncarnation()
 			got := cmShard(after, want.Table, want.Shard)
 			if !proto.Equal(got, want) || !proto.Equal(out.(proto.Message), want) {
 				t.Fatalf("entry %v, returned %v; want %v", got, out, want)

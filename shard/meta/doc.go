@@ -6,11 +6,18 @@
 //
 //   - FSM (New): a raft.FSM whose state is the table specs, the trainer job
 //     registry and the cluster map, changed only by the commands it applies
-//     (CmdCreateTable ... CmdAlterTable, each a type byte and a
-//     deterministic proto, Encode), in log order on every replica. Apply's
-//     answer is what the proposer returns to its caller; a refused command
-//     answers an error and changes nothing. Snapshot writes format 3;
-//     Restore reads formats 1 to 3.
+//     (CmdCreateTable ... CmdAlterTable, CmdDropTable, CmdJoinJobV2,
+//     CmdSetClusterID, CmdReportEval, CmdPutToken, CmdDeleteToken, each a
+//     type byte and a deterministic proto, Encode), in log order on every
+//     replica. Apply's answer is what the proposer
+//     returns to its caller; a refused command answers an error and changes
+//     nothing. Snapshot writes format 3; Restore reads formats 1 to 3, whole
+//     (no size cap: see meta.go).
+//   - Lifecycle and quotas (lifecycle.go): dropping a table, the quotas on
+//     tables, replicas per node and jobs that the proposing leader puts in
+//     its command and Apply checks, and the cluster's ID, chosen once by
+//     the first CmdSetClusterID. Table names, node IDs and addresses are
+//     checked again on apply (api.CheckTableName, CheckNode).
 //   - The cluster map (clustermap.go): nodes with addresses and admin state,
 //     and per shard its replica set, the node being added and an epoch,
 //     changed by compare-and-set on the epoch (CmdSetShard). ClusterMap,
@@ -22,6 +29,10 @@
 //     round's trainers join again. Joins are metadata log entries, applied in
 //     commit order, so ranks are assigned alike on every replica and the
 //     registry survives the loss of any minority of nodes.
+//   - Bearer tokens' records (tokens.go): ID, name, role and the hash of
+//     the secret, never the secret. The FSM is the node's auth.TokenStore
+//     (Token), read by the client gate on every call that presents a
+//     token.
 //
 // What it does not own: proposing (the node's applyMeta, in package shard,
 // encodes a command and applies it through the metadata group's Raft), the

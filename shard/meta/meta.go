@@ -32,6 +32,10 @@ const (
 	CmdForgetNode    byte = 7 // a *shardpb.SetNodeAdminRequest (id only)
 	CmdSetShard      byte = 8 // a *shardpb.MetaSetShard
 	CmdAlterTable    byte = 9 // a *shardpb.TableSpec: the whole new spec
+	// Table lifecycle, quotas and the cluster's identity (lifecycle.go).
+	CmdDropTable    byte = 40 // a *shardpb.DropTableRequest
+	CmdJoinJobV2    byte = 41 // a *shardpb.MetaJoinJob: a join with the jobs quota
+	CmdSetClusterID byte = 42 // a *shardpb.MetaClusterID
 )
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
@@ -64,7 +68,14 @@ type FSM struct {
 	nodes      map[string]*shardpb.ClusterNode // by node ID
 	shards     map[string]*shardpb.ShardMap    // by api.GroupID
 	mapVersion uint64                          // +1 on every map change
-	onChange   func()
+	clusterID  string                          // "" until CmdSetClusterID
+	// evals: each job's evaluation curve (evals.go); values replaced,
+	// never modified.
+	evals map[string]*shardpb.JobEvals
+	// tokens: bearer tokens' records by ID (tokens.go); values replaced,
+	// never modified.
+	tokens   map[string]*shardpb.MetaToken
+	onChange func()
 	// processed is the highest log index the FSM is known to have taken
 	// in: the last command applied or configuration stored (both in log
 	// order, by the FSM goroutine), or a barrier that completed. Every
@@ -115,7 +126,7 @@ func (m *FSM) Apply(l *raft.Log) any {
 		return nil
 	}
 	if len(l.Data) == 0 {
-		return fmt.Errorf("meta: empty command")
+		return fmt.Errorf("meta: %w: empty command", api.ErrBadRequest)
 	}
 	switch cmd, arg := l.Data[0], l.Data[1:]; cmd {
 	case CmdCreateTable:
@@ -125,7 +136,7 @@ func (m *FSM) Apply(l *raft.Log) any {
 	case CmdDeleteJob:
 		return m.applyDelete(arg)
 	case CmdCreateTableV2:
-		return m.applyCreateV2(arg)
+		return m.applyCreateV2(arg, l.Index)
 	case CmdRegisterNode:
 		return m.applyRegister(arg)
 	case CmdSetNodeAdmin:
@@ -136,8 +147,20 @@ func (m *FSM) Apply(l *raft.Log) any {
 		return m.applySetShard(arg)
 	case CmdAlterTable:
 		return m.applyAlter(arg)
+	case CmdDropTable:
+		return m.applyDrop(arg)
+	case CmdJoinJobV2:
+		return m.applyJoinV2(arg)
+	case CmdSetClusterID:
+		return m.applySetClusterID(arg)
+	case CmdReportEval:
+		return m.applyReportEval(arg)
+	case CmdPutToken:
+		return m.applyPutToken(arg)
+	case CmdDeleteToken:
+		return m.applyDeleteToken(arg)
 	default:
-		return fmt.Errorf("meta: unknown command %d", cmd)
+		return fmt.Errorf("meta: %w: unknown command %d", api.ErrBadRequest, cmd)
 	}
 }
 
@@ -145,6 +168,9 @@ func (m *FSM) applyCreate(arg []byte) any {
 	spec := &shardpb.TableSpec{}
 	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
+	}
+	if err := checkStoredSpec(spec); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	if _, ok := m.tables[spec.Name]; ok {
@@ -161,12 +187,38 @@ func (m *FSM) applyCreate(arg []byte) any {
 // applyAlter replaces a table's spec with one that differs only in what
 // AlterTable may change: checked here, on the state it applies to, so an
 // alter decided on a spec that changed meanwhile cannot slip through.
+// checkStoredSpec refuses a table creation whose spec the rest of the node
+// could not live with: no name, or a shard count or dimension that readers
+// (TableShards, the reconcile loop) would size allocations by. The leader
+// stored only normalized specs (api.NormalizeSpec), which all pass: this
+// is the defensive check of a command decoded from the log, kept to what
+// every spec ever stored meets, so that old logs replay unchanged.
+func checkStoredSpec(spec *shardpb.TableSpec) error {
+	switch {
+	case spec.GetName() == "":
+		return fmt.Errorf("meta: %w: table creation without a name", api.ErrBadRequest)
+	case api.CheckTableName(spec.Name) != nil:
+		// The leader checked the name (api.NormalizeSpec); checked again
+		// so that no entry, of whatever origin, makes a table whose name
+		// is a path with a meaning in every node's data dir.
+		return api.CheckTableName(spec.Name)
+	case spec.Shards == 0 || spec.Shards > api.MaxShards:
+		return fmt.Errorf("meta: %w: table %q: %d shards (want 1..%d)", api.ErrInvalidConfig, spec.Name, spec.Shards, api.MaxShards)
+	case spec.Dim == 0 || spec.Dim > store.MaxDim:
+		return fmt.Errorf("meta: %w: table %q: dim %d (want 1..%d)", api.ErrInvalidConfig, spec.Name, spec.Dim, store.MaxDim)
+	}
+	return nil
+}
+
 func (m *FSM) applyAlter(arg []byte) any {
 	spec := &shardpb.TableSpec{}
 	if err := proto.Unmarshal(arg, spec); err != nil {
 		return fmt.Errorf("meta: decoding table spec: %w", err)
 	}
 	if err := api.CheckLevel(spec); err != nil {
+		return err
+	}
+	if err := api.CheckTableName(spec.Name); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -193,17 +245,7 @@ func (m *FSM) applyJoin(arg []byte) any {
 	if err := proto.Unmarshal(arg, req); err != nil {
 		return fmt.Errorf("meta: decoding job join: %w", err)
 	}
-	if err := CheckJoinRequest(req); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	j, rank, err := joinJob(m.jobs[req.Job], req)
-	if err != nil {
-		return err
-	}
-	m.jobs[req.Job] = j
-	return &shardpb.JoinJobResponse{Rank: rank, Round: j.Round}
+	return m.applyJoinRequest(req, 0)
 }
 
 func (m *FSM) applyDelete(arg []byte) any {
@@ -217,6 +259,7 @@ func (m *FSM) applyDelete(arg []byte) any {
 		return fmt.Errorf("job %q: %w", req.Job, api.ErrUnknownJob)
 	}
 	delete(m.jobs, req.Job)
+	delete(m.evals, req.Job)
 	return nil
 }
 
@@ -261,13 +304,20 @@ func (m *FSM) List() []*shardpb.TableSpec {
 // table count u32, then per table in name order its length u32 and spec.
 // Format 2: snapshotMarker u32, the format u32, then a
 // shardpb.MetaSnapshot with tables and jobs; format 3 is the same with the
-// cluster map too. Restore reads all three. The marker cannot begin a format 1
-// snapshot: 2^32-1 tables of at least 4 bytes each are far more than the
-// 256 MiB Restore reads.
+// cluster map too (and, when chosen, the cluster ID). Restore reads all
+// three. The marker cannot begin a format 1 snapshot: 2^32-1 tables of at
+// least 4 bytes each would be a 16 GiB metadata state.
+//
+// Restore reads a snapshot whole, whatever its size. It used to stop at
+// 256 MiB, silently: a larger state then failed to decode (or, cut at a
+// field boundary, decoded as a smaller one), and the node could neither
+// restart nor catch up. The state a snapshot holds is already in every
+// node's memory, so reading it costs no more than holding it; what bounds
+// it is the quotas on tables, shards and jobs (MetaCreateTable,
+// MetaJoinJob) and the limits on names, addresses and job fields.
 const (
-	snapshotMarker  = 0xFFFFFFFF
-	snapshotFormat  = 3
-	maxSnapshotSize = 256 << 20
+	snapshotMarker = 0xFFFFFFFF
+	snapshotFormat = 3
 )
 
 // Snapshot writes format 3. The tables and jobs are taken under one lock, so
@@ -280,6 +330,9 @@ func (m *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		Nodes:      sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
 		Shards:     sortedByName(m.shards, ShardMapKey),
 		MapVersion: m.mapVersion,
+		ClusterId:  m.clusterID,
+		Evals:      sortedByName(m.evals, (*shardpb.JobEvals).GetJob),
+		Tokens:     sortedByName(m.tokens, (*shardpb.MetaToken).GetId),
 	}
 	m.mu.RUnlock()
 	b := binary.LittleEndian.AppendUint32(nil, snapshotMarker)
@@ -305,7 +358,7 @@ func (fsmSnapshot) Release() {}
 
 func (m *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, maxSnapshotSize))
+	b, err := io.ReadAll(rc)
 	if err != nil {
 		return fmt.Errorf("meta: reading snapshot: %w", err)
 	}
@@ -314,6 +367,9 @@ func (m *FSM) Restore(rc io.ReadCloser) error {
 	nodes := map[string]*shardpb.ClusterNode{}
 	shards := map[string]*shardpb.ShardMap{}
 	var version uint64
+	var clusterID string
+	var evals map[string]*shardpb.JobEvals
+	var tokens map[string]*shardpb.MetaToken
 	if len(b) >= 4 && binary.LittleEndian.Uint32(b) == snapshotMarker {
 		if len(b) < 8 {
 			return fmt.Errorf("meta: %w: snapshot header truncated", store.ErrCorruptSnapshot)
@@ -338,13 +394,20 @@ func (m *FSM) Restore(rc io.ReadCloser) error {
 		for _, sm := range state.Shards {
 			shards[ShardMapKey(sm)] = sm
 		}
-		version = state.MapVersion
+		version, clusterID = state.MapVersion, state.ClusterId
+		evals = evalsByJob(state.Evals)
+		if tokens, err = tokensByID(state.Tokens); err != nil {
+			return err
+		}
 	} else if tables, err = restoreTablesV1(b); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	m.tables, m.jobs = tables, jobs
 	m.nodes, m.shards, m.mapVersion = nodes, shards, version
+	m.clusterID = clusterID
+	m.evals = evals
+	m.tokens = tokens
 	m.mu.Unlock()
 	m.onChange()
 	return nil

@@ -1380,6 +1380,95 @@ func (x *AlterTableResponse) GetSpec() *TableSpec {
 	return nil
 }
 
+type DropTableRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Drop the table even while jobs in the registry list it.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropTableRequest) Reset() {
+	*x = DropTableRequest{}
+	mi := &file_client_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropTableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropTableRequest) ProtoMessage() {}
+
+func (x *DropTableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropTableRequest.ProtoReflect.Descriptor instead.
+func (*DropTableRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DropTableRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DropTableRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type DropTableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropTableResponse) Reset() {
+	*x = DropTableResponse{}
+	mi := &file_client_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropTableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropTableResponse) ProtoMessage() {}
+
+func (x *DropTableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropTableResponse.ProtoReflect.Descriptor instead.
+func (*DropTableResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{21}
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Include each replica's table checksum (costs a pass over its rows).
@@ -1390,7 +1479,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_client_proto_msgTypes[20]
+	mi := &file_client_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1491,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[20]
+	mi := &file_client_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1504,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{20}
+	return file_client_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusRequest) GetChecksums() bool {
@@ -1446,14 +1535,26 @@ type StatusResponse struct {
 	// The hot sets of the shards this node leads.
 	Hot []*HotShard `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
 	// Pulls this node served, by role and consistency level, since it started.
-	Served        []*ServedCount `protobuf:"bytes,10,rep,name=served,proto3" json:"served,omitempty"`
+	Served []*ServedCount `protobuf:"bytes,10,rep,name=served,proto3" json:"served,omitempty"`
+	// What the node served since it started, for the dashboard's charts.
+	Load *NodeLoad `protobuf:"bytes,20,opt,name=load,proto3" json:"load,omitempty"`
+	// Replicas this node set aside since it started because their files
+	// failed their checks at open (docs/RELIABILITY.md, "Bad files").
+	SetAside []*SetAsideReplica `protobuf:"bytes,41,rep,name=set_aside,json=setAside,proto3" json:"set_aside,omitempty"`
+	// This node's data disk: free space and whether pushes are refused for
+	// lack of it (docs/RELIABILITY.md, "Full disk").
+	Disk *DiskStatus `protobuf:"bytes,42,opt,name=disk,proto3" json:"disk,omitempty"`
+	// The highest metadata log index this node's metadata state machine is
+	// known to have taken in: every entry up to it is in the state (a token
+	// revocation at or below it is in force here).
+	MetaProcessed uint64 `protobuf:"varint,43,opt,name=meta_processed,json=metaProcessed,proto3" json:"meta_processed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_client_proto_msgTypes[21]
+	mi := &file_client_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1566,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[21]
+	mi := &file_client_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1579,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{21}
+	return file_client_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1551,6 +1652,328 @@ func (x *StatusResponse) GetServed() []*ServedCount {
 	return nil
 }
 
+func (x *StatusResponse) GetLoad() *NodeLoad {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetSetAside() []*SetAsideReplica {
+	if x != nil {
+		return x.SetAside
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetDisk() *DiskStatus {
+	if x != nil {
+		return x.Disk
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetMetaProcessed() uint64 {
+	if x != nil {
+		return x.MetaProcessed
+	}
+	return 0
+}
+
+// NodeLoad counts the data calls a node answered since it started, with
+// their server-side latency as a histogram; a dashboard's rates
+// and percentiles are differences between two polls. Plus the node's disk
+// (its data dir's file system) and memory.
+type NodeLoad struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	PullRows uint64                 `protobuf:"varint,1,opt,name=pull_rows,json=pullRows,proto3" json:"pull_rows,omitempty"`
+	PushRows uint64                 `protobuf:"varint,2,opt,name=push_rows,json=pushRows,proto3" json:"push_rows,omitempty"`
+	Pulls    uint64                 `protobuf:"varint,3,opt,name=pulls,proto3" json:"pulls,omitempty"`
+	Pushes   uint64                 `protobuf:"varint,4,opt,name=pushes,proto3" json:"pushes,omitempty"`
+	// Upper bounds in seconds of the latency buckets. The counts below are
+	// calls per bucket (not cumulative): entry i counts the calls slower than
+	// bound i-1 and no slower than bound i; the last entry, one past the
+	// bounds, the calls slower than all of them.
+	LatencyBounds []float64 `protobuf:"fixed64,5,rep,packed,name=latency_bounds,json=latencyBounds,proto3" json:"latency_bounds,omitempty"`
+	PullLatency   []uint64  `protobuf:"varint,6,rep,packed,name=pull_latency,json=pullLatency,proto3" json:"pull_latency,omitempty"`
+	PushLatency   []uint64  `protobuf:"varint,7,rep,packed,name=push_latency,json=pushLatency,proto3" json:"push_latency,omitempty"`
+	DiskFreeBytes uint64    `protobuf:"varint,8,opt,name=disk_free_bytes,json=diskFreeBytes,proto3" json:"disk_free_bytes,omitempty"`
+	DiskSizeBytes uint64    `protobuf:"varint,9,opt,name=disk_size_bytes,json=diskSizeBytes,proto3" json:"disk_size_bytes,omitempty"`
+	RssBytes      uint64    `protobuf:"varint,10,opt,name=rss_bytes,json=rssBytes,proto3" json:"rss_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeLoad) Reset() {
+	*x = NodeLoad{}
+	mi := &file_client_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeLoad) ProtoMessage() {}
+
+func (x *NodeLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeLoad.ProtoReflect.Descriptor instead.
+func (*NodeLoad) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *NodeLoad) GetPullRows() uint64 {
+	if x != nil {
+		return x.PullRows
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetPushRows() uint64 {
+	if x != nil {
+		return x.PushRows
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetPulls() uint64 {
+	if x != nil {
+		return x.Pulls
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetPushes() uint64 {
+	if x != nil {
+		return x.Pushes
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetLatencyBounds() []float64 {
+	if x != nil {
+		return x.LatencyBounds
+	}
+	return nil
+}
+
+func (x *NodeLoad) GetPullLatency() []uint64 {
+	if x != nil {
+		return x.PullLatency
+	}
+	return nil
+}
+
+func (x *NodeLoad) GetPushLatency() []uint64 {
+	if x != nil {
+		return x.PushLatency
+	}
+	return nil
+}
+
+func (x *NodeLoad) GetDiskFreeBytes() uint64 {
+	if x != nil {
+		return x.DiskFreeBytes
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetDiskSizeBytes() uint64 {
+	if x != nil {
+		return x.DiskSizeBytes
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetRssBytes() uint64 {
+	if x != nil {
+		return x.RssBytes
+	}
+	return 0
+}
+
+// SetAsideReplica is a replica whose files a node moved aside, kept for
+// inspection, to be rebuilt from its peers.
+type SetAsideReplica struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Group  string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Where its files are now.
+	MovedTo  string `protobuf:"bytes,3,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	AtUnixMs int64  `protobuf:"varint,4,opt,name=at_unix_ms,json=atUnixMs,proto3" json:"at_unix_ms,omitempty"`
+	// The replica has been opened afresh since (rebuilt or being rebuilt
+	// from its peers).
+	Reopened      bool `protobuf:"varint,5,opt,name=reopened,proto3" json:"reopened,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAsideReplica) Reset() {
+	*x = SetAsideReplica{}
+	mi := &file_client_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAsideReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAsideReplica) ProtoMessage() {}
+
+func (x *SetAsideReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAsideReplica.ProtoReflect.Descriptor instead.
+func (*SetAsideReplica) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SetAsideReplica) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SetAsideReplica) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SetAsideReplica) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *SetAsideReplica) GetAtUnixMs() int64 {
+	if x != nil {
+		return x.AtUnixMs
+	}
+	return 0
+}
+
+func (x *SetAsideReplica) GetReopened() bool {
+	if x != nil {
+		return x.Reopened
+	}
+	return false
+}
+
+// DiskStatus is the free space of a node's data directory.
+type DiskStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	FreeBytes  uint64                 `protobuf:"varint,1,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	TotalBytes uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// Pushes are refused while free space is below min_free_bytes.
+	MinFreeBytes uint64 `protobuf:"varint,3,opt,name=min_free_bytes,json=minFreeBytes,proto3" json:"min_free_bytes,omitempty"`
+	Full         bool   `protobuf:"varint,4,opt,name=full,proto3" json:"full,omitempty"`
+	// Why the node says it is full, or why it cannot tell.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The reserve file was deleted to give Raft room (it is recreated when
+	// space returns).
+	ReserveReleased bool `protobuf:"varint,6,opt,name=reserve_released,json=reserveReleased,proto3" json:"reserve_released,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DiskStatus) Reset() {
+	*x = DiskStatus{}
+	mi := &file_client_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskStatus) ProtoMessage() {}
+
+func (x *DiskStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskStatus.ProtoReflect.Descriptor instead.
+func (*DiskStatus) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DiskStatus) GetFreeBytes() uint64 {
+	if x != nil {
+		return x.FreeBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetMinFreeBytes() uint64 {
+	if x != nil {
+		return x.MinFreeBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+func (x *DiskStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DiskStatus) GetReserveReleased() bool {
+	if x != nil {
+		return x.ReserveReleased
+	}
+	return false
+}
+
 // ServedCount counts the pulls one node served in one role ("leader",
 // "follower", "read-replica") at one level ("linearizable", "bounded",
 // "eventual"), and the pulls it refused as too stale (the client went
@@ -1568,7 +1991,7 @@ type ServedCount struct {
 
 func (x *ServedCount) Reset() {
 	*x = ServedCount{}
-	mi := &file_client_proto_msgTypes[22]
+	mi := &file_client_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +2003,7 @@ func (x *ServedCount) String() string {
 func (*ServedCount) ProtoMessage() {}
 
 func (x *ServedCount) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[22]
+	mi := &file_client_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +2016,7 @@ func (x *ServedCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServedCount.ProtoReflect.Descriptor instead.
 func (*ServedCount) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{22}
+	return file_client_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ServedCount) GetRole() string {
@@ -1652,7 +2075,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_client_proto_msgTypes[23]
+	mi := &file_client_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +2087,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[23]
+	mi := &file_client_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +2100,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{23}
+	return file_client_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -1764,7 +2187,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_client_proto_msgTypes[24]
+	mi := &file_client_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +2199,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[24]
+	mi := &file_client_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +2212,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{24}
+	return file_client_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicaStatus) GetGroup() string {
@@ -1935,7 +2358,7 @@ type HotKeysRequest struct {
 
 func (x *HotKeysRequest) Reset() {
 	*x = HotKeysRequest{}
-	mi := &file_client_proto_msgTypes[25]
+	mi := &file_client_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2370,7 @@ func (x *HotKeysRequest) String() string {
 func (*HotKeysRequest) ProtoMessage() {}
 
 func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[25]
+	mi := &file_client_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2383,7 @@ func (x *HotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysRequest.ProtoReflect.Descriptor instead.
 func (*HotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{25}
+	return file_client_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HotKeysRequest) GetTable() string {
@@ -1979,7 +2402,7 @@ type HotKeysResponse struct {
 
 func (x *HotKeysResponse) Reset() {
 	*x = HotKeysResponse{}
-	mi := &file_client_proto_msgTypes[26]
+	mi := &file_client_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2414,7 @@ func (x *HotKeysResponse) String() string {
 func (*HotKeysResponse) ProtoMessage() {}
 
 func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[26]
+	mi := &file_client_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2427,7 @@ func (x *HotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeysResponse.ProtoReflect.Descriptor instead.
 func (*HotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{26}
+	return file_client_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HotKeysResponse) GetShards() []*HotShard {
@@ -2033,7 +2456,7 @@ type HotShard struct {
 
 func (x *HotShard) Reset() {
 	*x = HotShard{}
-	mi := &file_client_proto_msgTypes[27]
+	mi := &file_client_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2468,7 @@ func (x *HotShard) String() string {
 func (*HotShard) ProtoMessage() {}
 
 func (x *HotShard) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[27]
+	mi := &file_client_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2481,7 @@ func (x *HotShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotShard.ProtoReflect.Descriptor instead.
 func (*HotShard) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{27}
+	return file_client_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HotShard) GetTable() string {
@@ -2121,7 +2544,7 @@ type HotKey struct {
 
 func (x *HotKey) Reset() {
 	*x = HotKey{}
-	mi := &file_client_proto_msgTypes[28]
+	mi := &file_client_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2556,7 @@ func (x *HotKey) String() string {
 func (*HotKey) ProtoMessage() {}
 
 func (x *HotKey) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[28]
+	mi := &file_client_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2569,7 @@ func (x *HotKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKey.ProtoReflect.Descriptor instead.
 func (*HotKey) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{28}
+	return file_client_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HotKey) GetKey() uint64 {
@@ -2172,7 +2595,7 @@ type PeerContactRequest struct {
 
 func (x *PeerContactRequest) Reset() {
 	*x = PeerContactRequest{}
-	mi := &file_client_proto_msgTypes[29]
+	mi := &file_client_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2607,7 @@ func (x *PeerContactRequest) String() string {
 func (*PeerContactRequest) ProtoMessage() {}
 
 func (x *PeerContactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[29]
+	mi := &file_client_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2620,7 @@ func (x *PeerContactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerContactRequest.ProtoReflect.Descriptor instead.
 func (*PeerContactRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{29}
+	return file_client_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PeerContactRequest) GetAddr() string {
@@ -2219,7 +2642,7 @@ type PeerContactResponse struct {
 
 func (x *PeerContactResponse) Reset() {
 	*x = PeerContactResponse{}
-	mi := &file_client_proto_msgTypes[30]
+	mi := &file_client_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2654,7 @@ func (x *PeerContactResponse) String() string {
 func (*PeerContactResponse) ProtoMessage() {}
 
 func (x *PeerContactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[30]
+	mi := &file_client_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2667,7 @@ func (x *PeerContactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerContactResponse.ProtoReflect.Descriptor instead.
 func (*PeerContactResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{30}
+	return file_client_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PeerContactResponse) GetKnown() bool {
@@ -2279,14 +2702,18 @@ type JoinJobRequest struct {
 	// is applied.
 	Rank int32 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
 	// The trainer's collective listen address, host:port.
-	Addr          string `protobuf:"bytes,4,opt,name=addr,proto3" json:"addr,omitempty"`
+	Addr string `protobuf:"bytes,4,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The tables the job uses (its embeddings, its state): DropTable refuses
+	// them while the job is in the registry. Stored with the job; a join
+	// that names tables replaces the job's list.
+	Tables        []string `protobuf:"bytes,5,rep,name=tables,proto3" json:"tables,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinJobRequest) Reset() {
 	*x = JoinJobRequest{}
-	mi := &file_client_proto_msgTypes[31]
+	mi := &file_client_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2725,7 @@ func (x *JoinJobRequest) String() string {
 func (*JoinJobRequest) ProtoMessage() {}
 
 func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[31]
+	mi := &file_client_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2738,7 @@ func (x *JoinJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobRequest.ProtoReflect.Descriptor instead.
 func (*JoinJobRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{31}
+	return file_client_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *JoinJobRequest) GetJob() string {
@@ -2342,6 +2769,13 @@ func (x *JoinJobRequest) GetAddr() string {
 	return ""
 }
 
+func (x *JoinJobRequest) GetTables() []string {
+	if x != nil {
+		return x.Tables
+	}
+	return nil
+}
+
 type JoinJobResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -2352,7 +2786,7 @@ type JoinJobResponse struct {
 
 func (x *JoinJobResponse) Reset() {
 	*x = JoinJobResponse{}
-	mi := &file_client_proto_msgTypes[32]
+	mi := &file_client_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2798,7 @@ func (x *JoinJobResponse) String() string {
 func (*JoinJobResponse) ProtoMessage() {}
 
 func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[32]
+	mi := &file_client_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2811,7 @@ func (x *JoinJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinJobResponse.ProtoReflect.Descriptor instead.
 func (*JoinJobResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{32}
+	return file_client_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinJobResponse) GetRank() uint32 {
@@ -2403,7 +2837,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_client_proto_msgTypes[33]
+	mi := &file_client_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2849,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[33]
+	mi := &file_client_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2862,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{33}
+	return file_client_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetJobRequest) GetJob() string {
@@ -2449,7 +2883,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_client_proto_msgTypes[34]
+	mi := &file_client_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +2895,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[34]
+	mi := &file_client_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +2908,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{34}
+	return file_client_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2500,7 +2934,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_client_proto_msgTypes[35]
+	mi := &file_client_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2946,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[35]
+	mi := &file_client_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2959,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{35}
+	return file_client_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteJobRequest) GetJob() string {
@@ -2543,7 +2977,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_client_proto_msgTypes[36]
+	mi := &file_client_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +2989,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[36]
+	mi := &file_client_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +3002,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{36}
+	return file_client_proto_rawDescGZIP(), []int{41}
 }
 
 // Job is a trainer job's current round, as the metadata group stores it.
@@ -2578,14 +3012,16 @@ type Job struct {
 	World uint32                 `protobuf:"varint,2,opt,name=world,proto3" json:"world,omitempty"`
 	Round uint64                 `protobuf:"varint,3,opt,name=round,proto3" json:"round,omitempty"`
 	// The registered ranks of the round, sorted by rank.
-	Members       []*JobMember `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
+	Members []*JobMember `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
+	// The tables the job uses, sorted (JoinJobRequest.tables).
+	Tables        []string `protobuf:"bytes,5,rep,name=tables,proto3" json:"tables,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_client_proto_msgTypes[37]
+	mi := &file_client_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +3033,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[37]
+	mi := &file_client_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +3046,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{37}
+	return file_client_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Job) GetName() string {
@@ -2641,6 +3077,240 @@ func (x *Job) GetMembers() []*JobMember {
 	return nil
 }
 
+func (x *Job) GetTables() []string {
+	if x != nil {
+		return x.Tables
+	}
+	return nil
+}
+
+// EvalPoint is one evaluation of a job's model on its held-out set. The
+// Bayes-optimal values are 0 where unknown (real data).
+type EvalPoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          uint64                 `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Seconds       float64                `protobuf:"fixed64,2,opt,name=seconds,proto3" json:"seconds,omitempty"`
+	Auc           float64                `protobuf:"fixed64,3,opt,name=auc,proto3" json:"auc,omitempty"`
+	Logloss       float64                `protobuf:"fixed64,4,opt,name=logloss,proto3" json:"logloss,omitempty"`
+	BayesAuc      float64                `protobuf:"fixed64,5,opt,name=bayes_auc,json=bayesAuc,proto3" json:"bayes_auc,omitempty"`
+	BayesLogloss  float64                `protobuf:"fixed64,6,opt,name=bayes_logloss,json=bayesLogloss,proto3" json:"bayes_logloss,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EvalPoint) Reset() {
+	*x = EvalPoint{}
+	mi := &file_client_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EvalPoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EvalPoint) ProtoMessage() {}
+
+func (x *EvalPoint) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EvalPoint.ProtoReflect.Descriptor instead.
+func (*EvalPoint) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *EvalPoint) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *EvalPoint) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
+func (x *EvalPoint) GetAuc() float64 {
+	if x != nil {
+		return x.Auc
+	}
+	return 0
+}
+
+func (x *EvalPoint) GetLogloss() float64 {
+	if x != nil {
+		return x.Logloss
+	}
+	return 0
+}
+
+func (x *EvalPoint) GetBayesAuc() float64 {
+	if x != nil {
+		return x.BayesAuc
+	}
+	return 0
+}
+
+func (x *EvalPoint) GetBayesLogloss() float64 {
+	if x != nil {
+		return x.BayesLogloss
+	}
+	return 0
+}
+
+type ReportEvalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Point         *EvalPoint             `protobuf:"bytes,2,opt,name=point,proto3" json:"point,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportEvalRequest) Reset() {
+	*x = ReportEvalRequest{}
+	mi := &file_client_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportEvalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportEvalRequest) ProtoMessage() {}
+
+func (x *ReportEvalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportEvalRequest.ProtoReflect.Descriptor instead.
+func (*ReportEvalRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ReportEvalRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *ReportEvalRequest) GetPoint() *EvalPoint {
+	if x != nil {
+		return x.Point
+	}
+	return nil
+}
+
+type ReportEvalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportEvalResponse) Reset() {
+	*x = ReportEvalResponse{}
+	mi := &file_client_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportEvalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportEvalResponse) ProtoMessage() {}
+
+func (x *ReportEvalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportEvalResponse.ProtoReflect.Descriptor instead.
+func (*ReportEvalResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{45}
+}
+
+// JobEvals are a job's evaluations by step, the latest MaxEvalPoints.
+type JobEvals struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Points        []*EvalPoint           `protobuf:"bytes,2,rep,name=points,proto3" json:"points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobEvals) Reset() {
+	*x = JobEvals{}
+	mi := &file_client_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobEvals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobEvals) ProtoMessage() {}
+
+func (x *JobEvals) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobEvals.ProtoReflect.Descriptor instead.
+func (*JobEvals) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *JobEvals) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JobEvals) GetPoints() []*EvalPoint {
+	if x != nil {
+		return x.Points
+	}
+	return nil
+}
+
 type JobMember struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -2651,7 +3321,7 @@ type JobMember struct {
 
 func (x *JobMember) Reset() {
 	*x = JobMember{}
-	mi := &file_client_proto_msgTypes[38]
+	mi := &file_client_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +3333,7 @@ func (x *JobMember) String() string {
 func (*JobMember) ProtoMessage() {}
 
 func (x *JobMember) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[38]
+	mi := &file_client_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +3346,7 @@ func (x *JobMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobMember.ProtoReflect.Descriptor instead.
 func (*JobMember) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{38}
+	return file_client_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JobMember) GetRank() uint32 {
@@ -2709,7 +3379,7 @@ type ClusterNode struct {
 
 func (x *ClusterNode) Reset() {
 	*x = ClusterNode{}
-	mi := &file_client_proto_msgTypes[39]
+	mi := &file_client_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +3391,7 @@ func (x *ClusterNode) String() string {
 func (*ClusterNode) ProtoMessage() {}
 
 func (x *ClusterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[39]
+	mi := &file_client_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +3404,7 @@ func (x *ClusterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
 func (*ClusterNode) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{39}
+	return file_client_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClusterNode) GetId() string {
@@ -2782,14 +3452,18 @@ type ShardMap struct {
 	// A node being added: a non-voter catching up, or "".
 	Adding string `protobuf:"bytes,4,opt,name=adding,proto3" json:"adding,omitempty"`
 	// 1 when the table is created; +1 on every change of this entry.
-	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The metadata log index of the table's creation (0: created before
+	// this field existed). A replica's directory records it, so a table
+	// dropped and created again under its name never opens the old data.
+	Incarnation   uint64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_client_proto_msgTypes[40]
+	mi := &file_client_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +3475,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[40]
+	mi := &file_client_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +3488,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{40}
+	return file_client_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShardMap) GetTable() string {
@@ -2852,6 +3526,13 @@ func (x *ShardMap) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *ShardMap) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 // ClusterMap is the whole map, as GetClusterMap returns it.
 type ClusterMap struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2865,7 +3546,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_client_proto_msgTypes[41]
+	mi := &file_client_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +3558,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[41]
+	mi := &file_client_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3571,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{41}
+	return file_client_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ClusterMap) GetVersion() uint64 {
@@ -2931,7 +3612,7 @@ type SetNodeAdminRequest struct {
 
 func (x *SetNodeAdminRequest) Reset() {
 	*x = SetNodeAdminRequest{}
-	mi := &file_client_proto_msgTypes[42]
+	mi := &file_client_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3624,7 @@ func (x *SetNodeAdminRequest) String() string {
 func (*SetNodeAdminRequest) ProtoMessage() {}
 
 func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[42]
+	mi := &file_client_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3637,7 @@ func (x *SetNodeAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{42}
+	return file_client_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetNodeAdminRequest) GetId() string {
@@ -2981,7 +3662,7 @@ type SetNodeAdminResponse struct {
 
 func (x *SetNodeAdminResponse) Reset() {
 	*x = SetNodeAdminResponse{}
-	mi := &file_client_proto_msgTypes[43]
+	mi := &file_client_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3674,7 @@ func (x *SetNodeAdminResponse) String() string {
 func (*SetNodeAdminResponse) ProtoMessage() {}
 
 func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[43]
+	mi := &file_client_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3687,7 @@ func (x *SetNodeAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAdminResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAdminResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{43}
+	return file_client_proto_rawDescGZIP(), []int{52}
 }
 
 type GetClusterMapRequest struct {
@@ -3017,7 +3698,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_client_proto_msgTypes[44]
+	mi := &file_client_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3029,7 +3710,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[44]
+	mi := &file_client_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3042,7 +3723,371 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{44}
+	return file_client_proto_rawDescGZIP(), []int{53}
+}
+
+// TokenInfo is what anyone is shown of a bearer token: never its secret or
+// its hash.
+type TokenInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 16 hex digits: the token is rpst_ID_SECRET.
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// "reader", "writer" or "admin".
+	Role          string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_client_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *TokenInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+type CreateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token's name: unique among the cluster's tokens, 1 to 63 letters,
+	// digits, '.', '_' or '-'.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "reader", "writer" or "admin".
+	Role          string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_client_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *CreateTokenRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+type CreateTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token, shown this once: the cluster keeps only its hash.
+	Token string     `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Info  *TokenInfo `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
+	// Nodes of the cluster map that had not confirmed applying the record
+	// when the call answered: each accepts the token once its metadata
+	// replica catches up.
+	Pending       []string `protobuf:"bytes,3,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_client_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *CreateTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateTokenResponse) GetInfo() *TokenInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *CreateTokenResponse) GetPending() []string {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_client_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{57}
+}
+
+type ListTokensResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by name.
+	Tokens        []*TokenInfo `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_client_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type DeleteTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token's ID or its name.
+	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTokenRequest) Reset() {
+	*x = DeleteTokenRequest{}
+	mi := &file_client_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTokenRequest) ProtoMessage() {}
+
+func (x *DeleteTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTokenRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTokenRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *DeleteTokenRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type DeleteTokenResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Deleted *TokenInfo             `protobuf:"bytes,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// Nodes of the cluster map that had not confirmed applying the
+	// revocation when the call answered: each refuses the token once its
+	// metadata replica catches up.
+	Pending       []string `protobuf:"bytes,2,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTokenResponse) Reset() {
+	*x = DeleteTokenResponse{}
+	mi := &file_client_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTokenResponse) ProtoMessage() {}
+
+func (x *DeleteTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTokenResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTokenResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *DeleteTokenResponse) GetDeleted() *TokenInfo {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+func (x *DeleteTokenResponse) GetPending() []string {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
 }
 
 var File_client_proto protoreflect.FileDescriptor
@@ -3133,9 +4178,13 @@ const file_client_proto_rawDesc = "" +
 	"\rhot_threshold\x18\x05 \x01(\x01R\fhotThreshold\x12!\n" +
 	"\fhot_replicas\x18\x06 \x01(\rR\vhotReplicas\">\n" +
 	"\x12AlterTableResponse\x12(\n" +
-	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\"-\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\"<\n" +
+	"\x10DropTableRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x13\n" +
+	"\x11DropTableResponse\"-\n" +
 	"\rStatusRequest\x12\x1c\n" +
-	"\tchecksums\x18\x01 \x01(\bR\tchecksums\"\x92\x03\n" +
+	"\tchecksums\x18\x01 \x01(\bR\tchecksums\"\xc6\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12)\n" +
@@ -3148,7 +4197,40 @@ const file_client_proto_rawDesc = "" +
 	"\x06moving\x18\b \x03(\v2\x13.raftps.v1.ShardMapR\x06moving\x12%\n" +
 	"\x03hot\x18\t \x03(\v2\x13.raftps.v1.HotShardR\x03hot\x12.\n" +
 	"\x06served\x18\n" +
-	" \x03(\v2\x16.raftps.v1.ServedCountR\x06served\"\x81\x01\n" +
+	" \x03(\v2\x16.raftps.v1.ServedCountR\x06served\x12'\n" +
+	"\x04load\x18\x14 \x01(\v2\x13.raftps.v1.NodeLoadR\x04load\x127\n" +
+	"\tset_aside\x18) \x03(\v2\x1a.raftps.v1.SetAsideReplicaR\bsetAside\x12)\n" +
+	"\x04disk\x18* \x01(\v2\x15.raftps.v1.DiskStatusR\x04disk\x12%\n" +
+	"\x0emeta_processed\x18+ \x01(\x04R\rmetaProcessed\"\xcc\x02\n" +
+	"\bNodeLoad\x12\x1b\n" +
+	"\tpull_rows\x18\x01 \x01(\x04R\bpullRows\x12\x1b\n" +
+	"\tpush_rows\x18\x02 \x01(\x04R\bpushRows\x12\x14\n" +
+	"\x05pulls\x18\x03 \x01(\x04R\x05pulls\x12\x16\n" +
+	"\x06pushes\x18\x04 \x01(\x04R\x06pushes\x12%\n" +
+	"\x0elatency_bounds\x18\x05 \x03(\x01R\rlatencyBounds\x12!\n" +
+	"\fpull_latency\x18\x06 \x03(\x04R\vpullLatency\x12!\n" +
+	"\fpush_latency\x18\a \x03(\x04R\vpushLatency\x12&\n" +
+	"\x0fdisk_free_bytes\x18\b \x01(\x04R\rdiskFreeBytes\x12&\n" +
+	"\x0fdisk_size_bytes\x18\t \x01(\x04R\rdiskSizeBytes\x12\x1b\n" +
+	"\trss_bytes\x18\n" +
+	" \x01(\x04R\brssBytes\"\x94\x01\n" +
+	"\x0fSetAsideReplica\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x19\n" +
+	"\bmoved_to\x18\x03 \x01(\tR\amovedTo\x12\x1c\n" +
+	"\n" +
+	"at_unix_ms\x18\x04 \x01(\x03R\batUnixMs\x12\x1a\n" +
+	"\breopened\x18\x05 \x01(\bR\breopened\"\xc9\x01\n" +
+	"\n" +
+	"DiskStatus\x12\x1d\n" +
+	"\n" +
+	"free_bytes\x18\x01 \x01(\x04R\tfreeBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
+	"totalBytes\x12$\n" +
+	"\x0emin_free_bytes\x18\x03 \x01(\x04R\fminFreeBytes\x12\x12\n" +
+	"\x04full\x18\x04 \x01(\bR\x04full\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12)\n" +
+	"\x10reserve_released\x18\x06 \x01(\bR\x0freserveReleased\"\x81\x01\n" +
 	"\vServedCount\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x1a\n" +
@@ -3208,12 +4290,13 @@ const file_client_proto_rawDesc = "" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\"H\n" +
 	"\x13PeerContactResponse\x12\x14\n" +
 	"\x05known\x18\x01 \x01(\bR\x05known\x12\x1b\n" +
-	"\tsilent_ns\x18\x02 \x01(\x03R\bsilentNs\"`\n" +
+	"\tsilent_ns\x18\x02 \x01(\x03R\bsilentNs\"x\n" +
 	"\x0eJoinJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
 	"\x05world\x18\x02 \x01(\rR\x05world\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
-	"\x04addr\x18\x04 \x01(\tR\x04addr\";\n" +
+	"\x04addr\x18\x04 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06tables\x18\x05 \x03(\tR\x06tables\";\n" +
 	"\x0fJoinJobResponse\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\"!\n" +
@@ -3224,12 +4307,27 @@ const file_client_proto_rawDesc = "" +
 	"\bcomplete\x18\x02 \x01(\bR\bcomplete\"$\n" +
 	"\x10DeleteJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"\x13\n" +
-	"\x11DeleteJobResponse\"u\n" +
+	"\x11DeleteJobResponse\"\x8d\x01\n" +
 	"\x03Job\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05world\x18\x02 \x01(\rR\x05world\x12\x14\n" +
 	"\x05round\x18\x03 \x01(\x04R\x05round\x12.\n" +
-	"\amembers\x18\x04 \x03(\v2\x14.raftps.v1.JobMemberR\amembers\"3\n" +
+	"\amembers\x18\x04 \x03(\v2\x14.raftps.v1.JobMemberR\amembers\x12\x16\n" +
+	"\x06tables\x18\x05 \x03(\tR\x06tables\"\xa7\x01\n" +
+	"\tEvalPoint\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x18\n" +
+	"\aseconds\x18\x02 \x01(\x01R\aseconds\x12\x10\n" +
+	"\x03auc\x18\x03 \x01(\x01R\x03auc\x12\x18\n" +
+	"\alogloss\x18\x04 \x01(\x01R\alogloss\x12\x1b\n" +
+	"\tbayes_auc\x18\x05 \x01(\x01R\bbayesAuc\x12#\n" +
+	"\rbayes_logloss\x18\x06 \x01(\x01R\fbayesLogloss\"Q\n" +
+	"\x11ReportEvalRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12*\n" +
+	"\x05point\x18\x02 \x01(\v2\x14.raftps.v1.EvalPointR\x05point\"\x14\n" +
+	"\x12ReportEvalResponse\"J\n" +
+	"\bJobEvals\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12,\n" +
+	"\x06points\x18\x02 \x03(\v2\x14.raftps.v1.EvalPointR\x06points\"3\n" +
 	"\tJobMember\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x9b\x01\n" +
@@ -3239,13 +4337,14 @@ const file_client_proto_rawDesc = "" +
 	"\vgossip_addr\x18\x03 \x01(\tR\n" +
 	"gossipAddr\x12*\n" +
 	"\x05admin\x18\x04 \x01(\x0e2\x14.raftps.v1.NodeAdminR\x05admin\x12\x1b\n" +
-	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\x80\x01\n" +
+	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\xa2\x01\n" +
 	"\bShardMap\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1a\n" +
 	"\breplicas\x18\x03 \x03(\tR\breplicas\x12\x16\n" +
 	"\x06adding\x18\x04 \x01(\tR\x06adding\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"\xaf\x01\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\"\xaf\x01\n" +
 	"\n" +
 	"ClusterMap\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
@@ -3256,7 +4355,26 @@ const file_client_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
 	"\x05admin\x18\x02 \x01(\x0e2\x14.raftps.v1.NodeAdminR\x05admin\"\x16\n" +
 	"\x14SetNodeAdminResponse\"\x16\n" +
-	"\x14GetClusterMapRequest*{\n" +
+	"\x14GetClusterMapRequest\"C\n" +
+	"\tTokenInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\"<\n" +
+	"\x12CreateTokenRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\"o\n" +
+	"\x13CreateTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12(\n" +
+	"\x04info\x18\x02 \x01(\v2\x14.raftps.v1.TokenInfoR\x04info\x12\x18\n" +
+	"\apending\x18\x03 \x03(\tR\apending\"\x13\n" +
+	"\x11ListTokensRequest\"B\n" +
+	"\x12ListTokensResponse\x12,\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x14.raftps.v1.TokenInfoR\x06tokens\"*\n" +
+	"\x12DeleteTokenRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"_\n" +
+	"\x13DeleteTokenResponse\x12.\n" +
+	"\adeleted\x18\x01 \x01(\v2\x14.raftps.v1.TokenInfoR\adeleted\x12\x18\n" +
+	"\apending\x18\x02 \x03(\tR\apending*{\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x17\n" +
@@ -3265,7 +4383,7 @@ const file_client_proto_rawDesc = "" +
 	"\tNodeAdmin\x12\x0f\n" +
 	"\vNODE_ACTIVE\x10\x00\x12\x11\n" +
 	"\rNODE_DRAINING\x10\x01\x12\x10\n" +
-	"\fNODE_REMOVED\x10\x022\xfd\b\n" +
+	"\fNODE_REMOVED\x10\x022\xf7\v\n" +
 	"\x0fParameterServer\x127\n" +
 	"\x04Pull\x12\x16.raftps.v1.PullRequest\x1a\x17.raftps.v1.PullResponse\x127\n" +
 	"\x04Push\x12\x16.raftps.v1.PushRequest\x1a\x17.raftps.v1.PushResponse\x12F\n" +
@@ -3276,15 +4394,22 @@ const file_client_proto_rawDesc = "" +
 	"\n" +
 	"ListTables\x12\x1c.raftps.v1.ListTablesRequest\x1a\x1d.raftps.v1.ListTablesResponse\x12I\n" +
 	"\n" +
-	"AlterTable\x12\x1c.raftps.v1.AlterTableRequest\x1a\x1d.raftps.v1.AlterTableResponse\x12=\n" +
+	"AlterTable\x12\x1c.raftps.v1.AlterTableRequest\x1a\x1d.raftps.v1.AlterTableResponse\x12F\n" +
+	"\tDropTable\x12\x1b.raftps.v1.DropTableRequest\x1a\x1c.raftps.v1.DropTableResponse\x12=\n" +
 	"\x06Status\x12\x18.raftps.v1.StatusRequest\x1a\x19.raftps.v1.StatusResponse\x12@\n" +
 	"\aJoinJob\x12\x19.raftps.v1.JoinJobRequest\x1a\x1a.raftps.v1.JoinJobResponse\x12=\n" +
 	"\x06GetJob\x12\x18.raftps.v1.GetJobRequest\x1a\x19.raftps.v1.GetJobResponse\x12F\n" +
-	"\tDeleteJob\x12\x1b.raftps.v1.DeleteJobRequest\x1a\x1c.raftps.v1.DeleteJobResponse\x12O\n" +
+	"\tDeleteJob\x12\x1b.raftps.v1.DeleteJobRequest\x1a\x1c.raftps.v1.DeleteJobResponse\x12I\n" +
+	"\n" +
+	"ReportEval\x12\x1c.raftps.v1.ReportEvalRequest\x1a\x1d.raftps.v1.ReportEvalResponse\x12O\n" +
 	"\fSetNodeAdmin\x12\x1e.raftps.v1.SetNodeAdminRequest\x1a\x1f.raftps.v1.SetNodeAdminResponse\x12G\n" +
 	"\rGetClusterMap\x12\x1f.raftps.v1.GetClusterMapRequest\x1a\x15.raftps.v1.ClusterMap\x12@\n" +
 	"\aHotKeys\x12\x19.raftps.v1.HotKeysRequest\x1a\x1a.raftps.v1.HotKeysResponse\x12L\n" +
-	"\vPeerContact\x12\x1d.raftps.v1.PeerContactRequest\x1a\x1e.raftps.v1.PeerContactResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\vPeerContact\x12\x1d.raftps.v1.PeerContactRequest\x1a\x1e.raftps.v1.PeerContactResponse\x12L\n" +
+	"\vCreateToken\x12\x1d.raftps.v1.CreateTokenRequest\x1a\x1e.raftps.v1.CreateTokenResponse\x12I\n" +
+	"\n" +
+	"ListTokens\x12\x1c.raftps.v1.ListTokensRequest\x1a\x1d.raftps.v1.ListTokensResponse\x12L\n" +
+	"\vDeleteToken\x12\x1d.raftps.v1.DeleteTokenRequest\x1a\x1e.raftps.v1.DeleteTokenResponseB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_client_proto_rawDescOnce sync.Once
@@ -3299,7 +4424,7 @@ func file_client_proto_rawDescGZIP() []byte {
 }
 
 var file_client_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_client_proto_goTypes = []any{
 	(Consistency)(0),              // 0: raftps.v1.Consistency
 	(NodeAdmin)(0),                // 1: raftps.v1.NodeAdmin
@@ -3323,31 +4448,47 @@ var file_client_proto_goTypes = []any{
 	(*ListTablesResponse)(nil),    // 19: raftps.v1.ListTablesResponse
 	(*AlterTableRequest)(nil),     // 20: raftps.v1.AlterTableRequest
 	(*AlterTableResponse)(nil),    // 21: raftps.v1.AlterTableResponse
-	(*StatusRequest)(nil),         // 22: raftps.v1.StatusRequest
-	(*StatusResponse)(nil),        // 23: raftps.v1.StatusResponse
-	(*ServedCount)(nil),           // 24: raftps.v1.ServedCount
-	(*NodeInfo)(nil),              // 25: raftps.v1.NodeInfo
-	(*ReplicaStatus)(nil),         // 26: raftps.v1.ReplicaStatus
-	(*HotKeysRequest)(nil),        // 27: raftps.v1.HotKeysRequest
-	(*HotKeysResponse)(nil),       // 28: raftps.v1.HotKeysResponse
-	(*HotShard)(nil),              // 29: raftps.v1.HotShard
-	(*HotKey)(nil),                // 30: raftps.v1.HotKey
-	(*PeerContactRequest)(nil),    // 31: raftps.v1.PeerContactRequest
-	(*PeerContactResponse)(nil),   // 32: raftps.v1.PeerContactResponse
-	(*JoinJobRequest)(nil),        // 33: raftps.v1.JoinJobRequest
-	(*JoinJobResponse)(nil),       // 34: raftps.v1.JoinJobResponse
-	(*GetJobRequest)(nil),         // 35: raftps.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 36: raftps.v1.GetJobResponse
-	(*DeleteJobRequest)(nil),      // 37: raftps.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),     // 38: raftps.v1.DeleteJobResponse
-	(*Job)(nil),                   // 39: raftps.v1.Job
-	(*JobMember)(nil),             // 40: raftps.v1.JobMember
-	(*ClusterNode)(nil),           // 41: raftps.v1.ClusterNode
-	(*ShardMap)(nil),              // 42: raftps.v1.ShardMap
-	(*ClusterMap)(nil),            // 43: raftps.v1.ClusterMap
-	(*SetNodeAdminRequest)(nil),   // 44: raftps.v1.SetNodeAdminRequest
-	(*SetNodeAdminResponse)(nil),  // 45: raftps.v1.SetNodeAdminResponse
-	(*GetClusterMapRequest)(nil),  // 46: raftps.v1.GetClusterMapRequest
+	(*DropTableRequest)(nil),      // 22: raftps.v1.DropTableRequest
+	(*DropTableResponse)(nil),     // 23: raftps.v1.DropTableResponse
+	(*StatusRequest)(nil),         // 24: raftps.v1.StatusRequest
+	(*StatusResponse)(nil),        // 25: raftps.v1.StatusResponse
+	(*NodeLoad)(nil),              // 26: raftps.v1.NodeLoad
+	(*SetAsideReplica)(nil),       // 27: raftps.v1.SetAsideReplica
+	(*DiskStatus)(nil),            // 28: raftps.v1.DiskStatus
+	(*ServedCount)(nil),           // 29: raftps.v1.ServedCount
+	(*NodeInfo)(nil),              // 30: raftps.v1.NodeInfo
+	(*ReplicaStatus)(nil),         // 31: raftps.v1.ReplicaStatus
+	(*HotKeysRequest)(nil),        // 32: raftps.v1.HotKeysRequest
+	(*HotKeysResponse)(nil),       // 33: raftps.v1.HotKeysResponse
+	(*HotShard)(nil),              // 34: raftps.v1.HotShard
+	(*HotKey)(nil),                // 35: raftps.v1.HotKey
+	(*PeerContactRequest)(nil),    // 36: raftps.v1.PeerContactRequest
+	(*PeerContactResponse)(nil),   // 37: raftps.v1.PeerContactResponse
+	(*JoinJobRequest)(nil),        // 38: raftps.v1.JoinJobRequest
+	(*JoinJobResponse)(nil),       // 39: raftps.v1.JoinJobResponse
+	(*GetJobRequest)(nil),         // 40: raftps.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 41: raftps.v1.GetJobResponse
+	(*DeleteJobRequest)(nil),      // 42: raftps.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 43: raftps.v1.DeleteJobResponse
+	(*Job)(nil),                   // 44: raftps.v1.Job
+	(*EvalPoint)(nil),             // 45: raftps.v1.EvalPoint
+	(*ReportEvalRequest)(nil),     // 46: raftps.v1.ReportEvalRequest
+	(*ReportEvalResponse)(nil),    // 47: raftps.v1.ReportEvalResponse
+	(*JobEvals)(nil),              // 48: raftps.v1.JobEvals
+	(*JobMember)(nil),             // 49: raftps.v1.JobMember
+	(*ClusterNode)(nil),           // 50: raftps.v1.ClusterNode
+	(*ShardMap)(nil),              // 51: raftps.v1.ShardMap
+	(*ClusterMap)(nil),            // 52: raftps.v1.ClusterMap
+	(*SetNodeAdminRequest)(nil),   // 53: raftps.v1.SetNodeAdminRequest
+	(*SetNodeAdminResponse)(nil),  // 54: raftps.v1.SetNodeAdminResponse
+	(*GetClusterMapRequest)(nil),  // 55: raftps.v1.GetClusterMapRequest
+	(*TokenInfo)(nil),             // 56: raftps.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 57: raftps.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 58: raftps.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 59: raftps.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 60: raftps.v1.ListTokensResponse
+	(*DeleteTokenRequest)(nil),    // 61: raftps.v1.DeleteTokenRequest
+	(*DeleteTokenResponse)(nil),   // 62: raftps.v1.DeleteTokenResponse
 }
 var file_client_proto_depIdxs = []int32{
 	0,  // 0: raftps.v1.TableSpec.consistency:type_name -> raftps.v1.Consistency
@@ -3363,63 +4504,81 @@ var file_client_proto_depIdxs = []int32{
 	3,  // 10: raftps.v1.CreateTableResponse.spec:type_name -> raftps.v1.TableSpec
 	3,  // 11: raftps.v1.DescribeTableResponse.spec:type_name -> raftps.v1.TableSpec
 	17, // 12: raftps.v1.DescribeTableResponse.leaders:type_name -> raftps.v1.ShardLeader
-	42, // 13: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
-	41, // 14: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
+	51, // 13: raftps.v1.DescribeTableResponse.shards:type_name -> raftps.v1.ShardMap
+	50, // 14: raftps.v1.DescribeTableResponse.nodes:type_name -> raftps.v1.ClusterNode
 	3,  // 15: raftps.v1.ListTablesResponse.tables:type_name -> raftps.v1.TableSpec
 	0,  // 16: raftps.v1.AlterTableRequest.consistency:type_name -> raftps.v1.Consistency
 	3,  // 17: raftps.v1.AlterTableResponse.spec:type_name -> raftps.v1.TableSpec
-	25, // 18: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
-	26, // 19: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
-	39, // 20: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
-	42, // 21: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
-	29, // 22: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
-	24, // 23: raftps.v1.StatusResponse.served:type_name -> raftps.v1.ServedCount
-	29, // 24: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
-	30, // 25: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
-	39, // 26: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
-	40, // 27: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
-	1,  // 28: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
-	41, // 29: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
-	42, // 30: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
-	3,  // 31: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
-	1,  // 32: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
-	4,  // 33: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
-	6,  // 34: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
-	9,  // 35: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
-	11, // 36: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
-	13, // 37: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
-	15, // 38: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
-	18, // 39: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
-	20, // 40: raftps.v1.ParameterServer.AlterTable:input_type -> raftps.v1.AlterTableRequest
-	22, // 41: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
-	33, // 42: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
-	35, // 43: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
-	37, // 44: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
-	44, // 45: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
-	46, // 46: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
-	27, // 47: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
-	31, // 48: raftps.v1.ParameterServer.PeerContact:input_type -> raftps.v1.PeerContactRequest
-	5,  // 49: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
-	7,  // 50: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
-	10, // 51: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
-	12, // 52: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
-	14, // 53: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
-	16, // 54: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
-	19, // 55: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
-	21, // 56: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
-	23, // 57: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
-	34, // 58: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
-	36, // 59: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
-	38, // 60: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
-	45, // 61: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
-	43, // 62: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
-	28, // 63: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
-	32, // 64: raftps.v1.ParameterServer.PeerContact:output_type -> raftps.v1.PeerContactResponse
-	49, // [49:65] is the sub-list for method output_type
-	33, // [33:49] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	30, // 18: raftps.v1.StatusResponse.nodes:type_name -> raftps.v1.NodeInfo
+	31, // 19: raftps.v1.StatusResponse.replicas:type_name -> raftps.v1.ReplicaStatus
+	44, // 20: raftps.v1.StatusResponse.jobs:type_name -> raftps.v1.Job
+	51, // 21: raftps.v1.StatusResponse.moving:type_name -> raftps.v1.ShardMap
+	34, // 22: raftps.v1.StatusResponse.hot:type_name -> raftps.v1.HotShard
+	29, // 23: raftps.v1.StatusResponse.served:type_name -> raftps.v1.ServedCount
+	26, // 24: raftps.v1.StatusResponse.load:type_name -> raftps.v1.NodeLoad
+	27, // 25: raftps.v1.StatusResponse.set_aside:type_name -> raftps.v1.SetAsideReplica
+	28, // 26: raftps.v1.StatusResponse.disk:type_name -> raftps.v1.DiskStatus
+	34, // 27: raftps.v1.HotKeysResponse.shards:type_name -> raftps.v1.HotShard
+	35, // 28: raftps.v1.HotShard.keys:type_name -> raftps.v1.HotKey
+	44, // 29: raftps.v1.GetJobResponse.job:type_name -> raftps.v1.Job
+	49, // 30: raftps.v1.Job.members:type_name -> raftps.v1.JobMember
+	45, // 31: raftps.v1.ReportEvalRequest.point:type_name -> raftps.v1.EvalPoint
+	45, // 32: raftps.v1.JobEvals.points:type_name -> raftps.v1.EvalPoint
+	1,  // 33: raftps.v1.ClusterNode.admin:type_name -> raftps.v1.NodeAdmin
+	50, // 34: raftps.v1.ClusterMap.nodes:type_name -> raftps.v1.ClusterNode
+	51, // 35: raftps.v1.ClusterMap.shards:type_name -> raftps.v1.ShardMap
+	3,  // 36: raftps.v1.ClusterMap.tables:type_name -> raftps.v1.TableSpec
+	1,  // 37: raftps.v1.SetNodeAdminRequest.admin:type_name -> raftps.v1.NodeAdmin
+	56, // 38: raftps.v1.CreateTokenResponse.info:type_name -> raftps.v1.TokenInfo
+	56, // 39: raftps.v1.ListTokensResponse.tokens:type_name -> raftps.v1.TokenInfo
+	56, // 40: raftps.v1.DeleteTokenResponse.deleted:type_name -> raftps.v1.TokenInfo
+	4,  // 41: raftps.v1.ParameterServer.Pull:input_type -> raftps.v1.PullRequest
+	6,  // 42: raftps.v1.ParameterServer.Push:input_type -> raftps.v1.PushRequest
+	9,  // 43: raftps.v1.ParameterServer.PullBatch:input_type -> raftps.v1.PullBatchRequest
+	11, // 44: raftps.v1.ParameterServer.PushBatch:input_type -> raftps.v1.PushBatchRequest
+	13, // 45: raftps.v1.ParameterServer.CreateTable:input_type -> raftps.v1.CreateTableRequest
+	15, // 46: raftps.v1.ParameterServer.DescribeTable:input_type -> raftps.v1.DescribeTableRequest
+	18, // 47: raftps.v1.ParameterServer.ListTables:input_type -> raftps.v1.ListTablesRequest
+	20, // 48: raftps.v1.ParameterServer.AlterTable:input_type -> raftps.v1.AlterTableRequest
+	22, // 49: raftps.v1.ParameterServer.DropTable:input_type -> raftps.v1.DropTableRequest
+	24, // 50: raftps.v1.ParameterServer.Status:input_type -> raftps.v1.StatusRequest
+	38, // 51: raftps.v1.ParameterServer.JoinJob:input_type -> raftps.v1.JoinJobRequest
+	40, // 52: raftps.v1.ParameterServer.GetJob:input_type -> raftps.v1.GetJobRequest
+	42, // 53: raftps.v1.ParameterServer.DeleteJob:input_type -> raftps.v1.DeleteJobRequest
+	46, // 54: raftps.v1.ParameterServer.ReportEval:input_type -> raftps.v1.ReportEvalRequest
+	53, // 55: raftps.v1.ParameterServer.SetNodeAdmin:input_type -> raftps.v1.SetNodeAdminRequest
+	55, // 56: raftps.v1.ParameterServer.GetClusterMap:input_type -> raftps.v1.GetClusterMapRequest
+	32, // 57: raftps.v1.ParameterServer.HotKeys:input_type -> raftps.v1.HotKeysRequest
+	36, // 58: raftps.v1.ParameterServer.PeerContact:input_type -> raftps.v1.PeerContactRequest
+	57, // 59: raftps.v1.ParameterServer.CreateToken:input_type -> raftps.v1.CreateTokenRequest
+	59, // 60: raftps.v1.ParameterServer.ListTokens:input_type -> raftps.v1.ListTokensRequest
+	61, // 61: raftps.v1.ParameterServer.DeleteToken:input_type -> raftps.v1.DeleteTokenRequest
+	5,  // 62: raftps.v1.ParameterServer.Pull:output_type -> raftps.v1.PullResponse
+	7,  // 63: raftps.v1.ParameterServer.Push:output_type -> raftps.v1.PushResponse
+	10, // 64: raftps.v1.ParameterServer.PullBatch:output_type -> raftps.v1.PullBatchResponse
+	12, // 65: raftps.v1.ParameterServer.PushBatch:output_type -> raftps.v1.PushBatchResponse
+	14, // 66: raftps.v1.ParameterServer.CreateTable:output_type -> raftps.v1.CreateTableResponse
+	16, // 67: raftps.v1.ParameterServer.DescribeTable:output_type -> raftps.v1.DescribeTableResponse
+	19, // 68: raftps.v1.ParameterServer.ListTables:output_type -> raftps.v1.ListTablesResponse
+	21, // 69: raftps.v1.ParameterServer.AlterTable:output_type -> raftps.v1.AlterTableResponse
+	23, // 70: raftps.v1.ParameterServer.DropTable:output_type -> raftps.v1.DropTableResponse
+	25, // 71: raftps.v1.ParameterServer.Status:output_type -> raftps.v1.StatusResponse
+	39, // 72: raftps.v1.ParameterServer.JoinJob:output_type -> raftps.v1.JoinJobResponse
+	41, // 73: raftps.v1.ParameterServer.GetJob:output_type -> raftps.v1.GetJobResponse
+	43, // 74: raftps.v1.ParameterServer.DeleteJob:output_type -> raftps.v1.DeleteJobResponse
+	47, // 75: raftps.v1.ParameterServer.ReportEval:output_type -> raftps.v1.ReportEvalResponse
+	54, // 76: raftps.v1.ParameterServer.SetNodeAdmin:output_type -> raftps.v1.SetNodeAdminResponse
+	52, // 77: raftps.v1.ParameterServer.GetClusterMap:output_type -> raftps.v1.ClusterMap
+	33, // 78: raftps.v1.ParameterServer.HotKeys:output_type -> raftps.v1.HotKeysResponse
+	37, // 79: raftps.v1.ParameterServer.PeerContact:output_type -> raftps.v1.PeerContactResponse
+	58, // 80: raftps.v1.ParameterServer.CreateToken:output_type -> raftps.v1.CreateTokenResponse
+	60, // 81: raftps.v1.ParameterServer.ListTokens:output_type -> raftps.v1.ListTokensResponse
+	62, // 82: raftps.v1.ParameterServer.DeleteToken:output_type -> raftps.v1.DeleteTokenResponse
+	62, // [62:83] is the sub-list for method output_type
+	41, // [41:62] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_client_proto_init() }
@@ -3433,7 +4592,7 @@ func file_client_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_client_proto_rawDesc), len(file_client_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,14 +30,19 @@ const (
 	ParameterServer_DescribeTable_FullMethodName = "/raftps.v1.ParameterServer/DescribeTable"
 	ParameterServer_ListTables_FullMethodName    = "/raftps.v1.ParameterServer/ListTables"
 	ParameterServer_AlterTable_FullMethodName    = "/raftps.v1.ParameterServer/AlterTable"
+	ParameterServer_DropTable_FullMethodName     = "/raftps.v1.ParameterServer/DropTable"
 	ParameterServer_Status_FullMethodName        = "/raftps.v1.ParameterServer/Status"
 	ParameterServer_JoinJob_FullMethodName       = "/raftps.v1.ParameterServer/JoinJob"
 	ParameterServer_GetJob_FullMethodName        = "/raftps.v1.ParameterServer/GetJob"
 	ParameterServer_DeleteJob_FullMethodName     = "/raftps.v1.ParameterServer/DeleteJob"
+	ParameterServer_ReportEval_FullMethodName    = "/raftps.v1.ParameterServer/ReportEval"
 	ParameterServer_SetNodeAdmin_FullMethodName  = "/raftps.v1.ParameterServer/SetNodeAdmin"
 	ParameterServer_GetClusterMap_FullMethodName = "/raftps.v1.ParameterServer/GetClusterMap"
 	ParameterServer_HotKeys_FullMethodName       = "/raftps.v1.ParameterServer/HotKeys"
 	ParameterServer_PeerContact_FullMethodName   = "/raftps.v1.ParameterServer/PeerContact"
+	ParameterServer_CreateToken_FullMethodName   = "/raftps.v1.ParameterServer/CreateToken"
+	ParameterServer_ListTokens_FullMethodName    = "/raftps.v1.ParameterServer/ListTokens"
+	ParameterServer_DeleteToken_FullMethodName   = "/raftps.v1.ParameterServer/DeleteToken"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -75,6 +80,11 @@ type ParameterServerClient interface {
 	// leader. Each node serves the new level once its metadata replica has
 	// applied it.
 	AlterTable(ctx context.Context, in *AlterTableRequest, opts ...grpc.CallOption) (*AlterTableResponse, error)
+	// DropTable removes a table: its spec, its shards' map entries and, on
+	// every node, its replicas and their data. Refused (TABLE_IN_USE) while a
+	// job in the registry lists the table, unless force. A metadata follower
+	// forwards it to the metadata leader.
+	DropTable(ctx context.Context, in *DropTableRequest, opts ...grpc.CallOption) (*DropTableResponse, error)
 	// Status describes this node and the replicas it holds.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// The trainer job registry, kept by the metadata group: trainers of a job
@@ -90,6 +100,9 @@ type ParameterServerClient interface {
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
 	// DeleteJob removes the job. NOT_FOUND if there is no such job.
 	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
+	// ReportEval records one evaluation of a job's model (trainer 0 reports
+	// each): the dashboard draws the job's curve from them.
+	ReportEval(ctx context.Context, in *ReportEvalRequest, opts ...grpc.CallOption) (*ReportEvalResponse, error)
 	// The elastic cluster: SetNodeAdmin drains, removes or reactivates a
 	// node; GetClusterMap returns the map as the metadata leader has it. A
 	// metadata follower forwards these calls to the metadata leader.
@@ -105,6 +118,17 @@ type ParameterServerClient interface {
 	// answered asks the others, to tell a dead node from a slow one without
 	// waiting out its attempt timeout.
 	PeerContact(ctx context.Context, in *PeerContactRequest, opts ...grpc.CallOption) (*PeerContactResponse, error)
+	// Bearer tokens, for tools that cannot hold a client certificate (admin
+	// only). The cluster stores each token's record in the metadata group: its
+	// ID, name, role and the SHA-256 of its secret, never the secret.
+	// CreateToken returns the token once; ListTokens returns the records
+	// without their hashes; DeleteToken revokes a token by ID or name and
+	// answers once every node it could reach has applied the revocation
+	// (pending names those it could not). A metadata follower forwards the
+	// record or the revocation to the metadata leader.
+	CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error)
+	ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error)
+	DeleteToken(ctx context.Context, in *DeleteTokenRequest, opts ...grpc.CallOption) (*DeleteTokenResponse, error)
 }
 
 type parameterServerClient struct {
@@ -195,6 +219,16 @@ func (c *parameterServerClient) AlterTable(ctx context.Context, in *AlterTableRe
 	return out, nil
 }
 
+func (c *parameterServerClient) DropTable(ctx context.Context, in *DropTableRequest, opts ...grpc.CallOption) (*DropTableResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DropTableResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_DropTable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *parameterServerClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatusResponse)
@@ -229,6 +263,16 @@ func (c *parameterServerClient) DeleteJob(ctx context.Context, in *DeleteJobRequ
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteJobResponse)
 	err := c.cc.Invoke(ctx, ParameterServer_DeleteJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) ReportEval(ctx context.Context, in *ReportEvalRequest, opts ...grpc.CallOption) (*ReportEvalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportEvalResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ReportEval_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -275,6 +319,36 @@ func (c *parameterServerClient) PeerContact(ctx context.Context, in *PeerContact
 	return out, nil
 }
 
+func (c *parameterServerClient) CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateTokenResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_CreateToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTokensResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_ListTokens_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *parameterServerClient) DeleteToken(ctx context.Context, in *DeleteTokenRequest, opts ...grpc.CallOption) (*DeleteTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteTokenResponse)
+	err := c.cc.Invoke(ctx, ParameterServer_DeleteToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -310,6 +384,11 @@ type ParameterServerServer interface {
 	// leader. Each node serves the new level once its metadata replica has
 	// applied it.
 	AlterTable(context.Context, *AlterTableRequest) (*AlterTableResponse, error)
+	// DropTable removes a table: its spec, its shards' map entries and, on
+	// every node, its replicas and their data. Refused (TABLE_IN_USE) while a
+	// job in the registry lists the table, unless force. A metadata follower
+	// forwards it to the metadata leader.
+	DropTable(context.Context, *DropTableRequest) (*DropTableResponse, error)
 	// Status describes this node and the replicas it holds.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// The trainer job registry, kept by the metadata group: trainers of a job
@@ -325,6 +404,9 @@ type ParameterServerServer interface {
 	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)
 	// DeleteJob removes the job. NOT_FOUND if there is no such job.
 	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
+	// ReportEval records one evaluation of a job's model (trainer 0 reports
+	// each): the dashboard draws the job's curve from them.
+	ReportEval(context.Context, *ReportEvalRequest) (*ReportEvalResponse, error)
 	// The elastic cluster: SetNodeAdmin drains, removes or reactivates a
 	// node; GetClusterMap returns the map as the metadata leader has it. A
 	// metadata follower forwards these calls to the metadata leader.
@@ -340,6 +422,17 @@ type ParameterServerServer interface {
 	// answered asks the others, to tell a dead node from a slow one without
 	// waiting out its attempt timeout.
 	PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error)
+	// Bearer tokens, for tools that cannot hold a client certificate (admin
+	// only). The cluster stores each token's record in the metadata group: its
+	// ID, name, role and the SHA-256 of its secret, never the secret.
+	// CreateToken returns the token once; ListTokens returns the records
+	// without their hashes; DeleteToken revokes a token by ID or name and
+	// answers once every node it could reach has applied the revocation
+	// (pending names those it could not). A metadata follower forwards the
+	// record or the revocation to the metadata leader.
+	CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error)
+	ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error)
+	DeleteToken(context.Context, *DeleteTokenRequest) (*DeleteTokenResponse, error)
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -374,6 +467,9 @@ func (UnimplementedParameterServerServer) ListTables(context.Context, *ListTable
 func (UnimplementedParameterServerServer) AlterTable(context.Context, *AlterTableRequest) (*AlterTableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AlterTable not implemented")
 }
+func (UnimplementedParameterServerServer) DropTable(context.Context, *DropTableRequest) (*DropTableResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DropTable not implemented")
+}
 func (UnimplementedParameterServerServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
 }
@@ -386,6 +482,9 @@ func (UnimplementedParameterServerServer) GetJob(context.Context, *GetJobRequest
 func (UnimplementedParameterServerServer) DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteJob not implemented")
 }
+func (UnimplementedParameterServerServer) ReportEval(context.Context, *ReportEvalRequest) (*ReportEvalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportEval not implemented")
+}
 func (UnimplementedParameterServerServer) SetNodeAdmin(context.Context, *SetNodeAdminRequest) (*SetNodeAdminResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeAdmin not implemented")
 }
@@ -397,6 +496,15 @@ func (UnimplementedParameterServerServer) HotKeys(context.Context, *HotKeysReque
 }
 func (UnimplementedParameterServerServer) PeerContact(context.Context, *PeerContactRequest) (*PeerContactResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PeerContact not implemented")
+}
+func (UnimplementedParameterServerServer) CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateToken not implemented")
+}
+func (UnimplementedParameterServerServer) ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTokens not implemented")
+}
+func (UnimplementedParameterServerServer) DeleteToken(context.Context, *DeleteTokenRequest) (*DeleteTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteToken not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -563,6 +671,24 @@ func _ParameterServer_AlterTable_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_DropTable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropTableRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).DropTable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_DropTable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).DropTable(ctx, req.(*DropTableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ParameterServer_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatusRequest)
 	if err := dec(in); err != nil {
@@ -631,6 +757,24 @@ func _ParameterServer_DeleteJob_Handler(srv interface{}, ctx context.Context, de
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ParameterServerServer).DeleteJob(ctx, req.(*DeleteJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_ReportEval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportEvalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ReportEval(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ReportEval_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ReportEval(ctx, req.(*ReportEvalRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -707,6 +851,60 @@ func _ParameterServer_PeerContact_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParameterServer_CreateToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).CreateToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_CreateToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).CreateToken(ctx, req.(*CreateTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_ListTokens_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTokensRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).ListTokens(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_ListTokens_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).ListTokens(ctx, req.(*ListTokensRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParameterServer_DeleteToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParameterServerServer).DeleteToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParameterServer_DeleteToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParameterServerServer).DeleteToken(ctx, req.(*DeleteTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -747,6 +945,10 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ParameterServer_AlterTable_Handler,
 		},
 		{
+			MethodName: "DropTable",
+			Handler:    _ParameterServer_DropTable_Handler,
+		},
+		{
 			MethodName: "Status",
 			Handler:    _ParameterServer_Status_Handler,
 		},
@@ -763,6 +965,10 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ParameterServer_DeleteJob_Handler,
 		},
 		{
+			MethodName: "ReportEval",
+			Handler:    _ParameterServer_ReportEval_Handler,
+		},
+		{
 			MethodName: "SetNodeAdmin",
 			Handler:    _ParameterServer_SetNodeAdmin_Handler,
 		},
@@ -777,6 +983,18 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PeerContact",
 			Handler:    _ParameterServer_PeerContact_Handler,
+		},
+		{
+			MethodName: "CreateToken",
+			Handler:    _ParameterServer_CreateToken_Handler,
+		},
+		{
+			MethodName: "ListTokens",
+			Handler:    _ParameterServer_ListTokens_Handler,
+		},
+		{
+			MethodName: "DeleteToken",
+			Handler:    _ParameterServer_DeleteToken_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -31,9 +31,15 @@ type MetaSnapshot struct {
 	Tables []*TableSpec           `protobuf:"bytes,1,rep,name=tables,proto3" json:"tables,omitempty"`
 	Jobs   []*Job                 `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
 	// Format 3: the cluster map.
-	Nodes         []*ClusterNode `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	Shards        []*ShardMap    `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
-	MapVersion    uint64         `protobuf:"varint,5,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Nodes      []*ClusterNode `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Shards     []*ShardMap    `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	MapVersion uint64         `protobuf:"varint,5,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	// The cluster's ID (MetaClusterID), "" until chosen.
+	ClusterId string `protobuf:"bytes,6,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The jobs' evaluation curves (ReportEval).
+	Evals []*JobEvals `protobuf:"bytes,20,rep,name=evals,proto3" json:"evals,omitempty"`
+	// The bearer tokens' records, sorted by ID (MetaPutToken).
+	Tokens        []*MetaToken `protobuf:"bytes,30,rep,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -101,6 +107,27 @@ func (x *MetaSnapshot) GetMapVersion() uint64 {
 		return x.MapVersion
 	}
 	return 0
+}
+
+func (x *MetaSnapshot) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *MetaSnapshot) GetEvals() []*JobEvals {
+	if x != nil {
+		return x.Evals
+	}
+	return nil
+}
+
+func (x *MetaSnapshot) GetTokens() []*MetaToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
 }
 
 // MetaSetShard is the metadata command that changes one shard's entry, if
@@ -184,11 +211,17 @@ func (x *MetaSetShard) GetAdding() string {
 // MetaCreateTable is the metadata command that creates a table with its
 // initial placement (epoch 1 everywhere).
 type MetaCreateTable struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
-	Shards        []*ShardMap            `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Spec   *TableSpec             `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Shards []*ShardMap            `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	// Quotas of the proposing metadata leader, checked on apply against the
+	// state the command applies to (0: no limit): the cluster's tables, and
+	// the shard replicas (voters and the node being added) placed on any one
+	// node.
+	MaxTables          uint32 `protobuf:"varint,3,opt,name=max_tables,json=maxTables,proto3" json:"max_tables,omitempty"`
+	MaxReplicasPerNode uint32 `protobuf:"varint,4,opt,name=max_replicas_per_node,json=maxReplicasPerNode,proto3" json:"max_replicas_per_node,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *MetaCreateTable) Reset() {
@@ -235,28 +268,336 @@ func (x *MetaCreateTable) GetShards() []*ShardMap {
 	return nil
 }
 
+func (x *MetaCreateTable) GetMaxTables() uint32 {
+	if x != nil {
+		return x.MaxTables
+	}
+	return 0
+}
+
+func (x *MetaCreateTable) GetMaxReplicasPerNode() uint32 {
+	if x != nil {
+		return x.MaxReplicasPerNode
+	}
+	return 0
+}
+
+// MetaJoinJob is a job join with the proposing metadata leader's quota of
+// jobs in the registry (0: no limit), checked on apply.
+type MetaJoinJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Join          *JoinJobRequest        `protobuf:"bytes,1,opt,name=join,proto3" json:"join,omitempty"`
+	MaxJobs       uint32                 `protobuf:"varint,2,opt,name=max_jobs,json=maxJobs,proto3" json:"max_jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaJoinJob) Reset() {
+	*x = MetaJoinJob{}
+	mi := &file_meta_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaJoinJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaJoinJob) ProtoMessage() {}
+
+func (x *MetaJoinJob) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaJoinJob.ProtoReflect.Descriptor instead.
+func (*MetaJoinJob) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MetaJoinJob) GetJoin() *JoinJobRequest {
+	if x != nil {
+		return x.Join
+	}
+	return nil
+}
+
+func (x *MetaJoinJob) GetMaxJobs() uint32 {
+	if x != nil {
+		return x.MaxJobs
+	}
+	return 0
+}
+
+// MetaClusterID chooses the cluster's ID, once: the first such command
+// applied sets it, later ones change nothing.
+type MetaClusterID struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaClusterID) Reset() {
+	*x = MetaClusterID{}
+	mi := &file_meta_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaClusterID) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaClusterID) ProtoMessage() {}
+
+func (x *MetaClusterID) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaClusterID.ProtoReflect.Descriptor instead.
+func (*MetaClusterID) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MetaClusterID) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// MetaToken is the record of a bearer token (shard/auth.TokenRecord): the
+// SHA-256 of its secret, never the secret.
+type MetaToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// "reader", "writer" or "admin".
+	Role          string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	Hash          []byte `protobuf:"bytes,4,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaToken) Reset() {
+	*x = MetaToken{}
+	mi := &file_meta_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaToken) ProtoMessage() {}
+
+func (x *MetaToken) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaToken.ProtoReflect.Descriptor instead.
+func (*MetaToken) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MetaToken) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MetaToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MetaToken) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *MetaToken) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+// MetaPutToken stores a new token's record, with the proposing metadata
+// leader's quota of tokens (0: no limit), checked on apply. A token's ID
+// and name are unique: a record that repeats either is refused.
+type MetaPutToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *MetaToken             `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	MaxTokens     uint32                 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaPutToken) Reset() {
+	*x = MetaPutToken{}
+	mi := &file_meta_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaPutToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaPutToken) ProtoMessage() {}
+
+func (x *MetaPutToken) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaPutToken.ProtoReflect.Descriptor instead.
+func (*MetaPutToken) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MetaPutToken) GetToken() *MetaToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *MetaPutToken) GetMaxTokens() uint32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+// MetaDeleteToken revokes the token whose ID or name is token.
+type MetaDeleteToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaDeleteToken) Reset() {
+	*x = MetaDeleteToken{}
+	mi := &file_meta_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaDeleteToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaDeleteToken) ProtoMessage() {}
+
+func (x *MetaDeleteToken) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaDeleteToken.ProtoReflect.Descriptor instead.
+func (*MetaDeleteToken) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MetaDeleteToken) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 var File_meta_proto protoreflect.FileDescriptor
 
 const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"meta.proto\x12\traftps.v1\x1a\fclient.proto\"\xdc\x01\n" +
+	"meta.proto\x12\traftps.v1\x1a\fclient.proto\"\xd4\x02\n" +
 	"\fMetaSnapshot\x12,\n" +
 	"\x06tables\x18\x01 \x03(\v2\x14.raftps.v1.TableSpecR\x06tables\x12\"\n" +
 	"\x04jobs\x18\x02 \x03(\v2\x0e.raftps.v1.JobR\x04jobs\x12,\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x16.raftps.v1.ClusterNodeR\x05nodes\x12+\n" +
 	"\x06shards\x18\x04 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\x12\x1f\n" +
 	"\vmap_version\x18\x05 \x01(\x04R\n" +
-	"mapVersion\"\x91\x01\n" +
+	"mapVersion\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\x12)\n" +
+	"\x05evals\x18\x14 \x03(\v2\x13.raftps.v1.JobEvalsR\x05evals\x12,\n" +
+	"\x06tokens\x18\x1e \x03(\v2\x14.raftps.v1.MetaTokenR\x06tokens\"\x91\x01\n" +
 	"\fMetaSetShard\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12!\n" +
 	"\fexpect_epoch\x18\x03 \x01(\x04R\vexpectEpoch\x12\x1a\n" +
 	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x16\n" +
-	"\x06adding\x18\x05 \x01(\tR\x06adding\"h\n" +
+	"\x06adding\x18\x05 \x01(\tR\x06adding\"\xba\x01\n" +
 	"\x0fMetaCreateTable\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.raftps.v1.TableSpecR\x04spec\x12+\n" +
-	"\x06shards\x18\x02 \x03(\v2\x13.raftps.v1.ShardMapR\x06shardsB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
+	"\x06shards\x18\x02 \x03(\v2\x13.raftps.v1.ShardMapR\x06shards\x12\x1d\n" +
+	"\n" +
+	"max_tables\x18\x03 \x01(\rR\tmaxTables\x121\n" +
+	"\x15max_replicas_per_node\x18\x04 \x01(\rR\x12maxReplicasPerNode\"W\n" +
+	"\vMetaJoinJob\x12-\n" +
+	"\x04join\x18\x01 \x01(\v2\x19.raftps.v1.JoinJobRequestR\x04join\x12\x19\n" +
+	"\bmax_jobs\x18\x02 \x01(\rR\amaxJobs\"\x1f\n" +
+	"\rMetaClusterID\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"W\n" +
+	"\tMetaToken\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x12\n" +
+	"\x04hash\x18\x04 \x01(\fR\x04hash\"Y\n" +
+	"\fMetaPutToken\x12*\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.raftps.v1.MetaTokenR\x05token\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x02 \x01(\rR\tmaxTokens\"'\n" +
+	"\x0fMetaDeleteToken\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05tokenB(Z&github.com/raftps/raftps/shard/shardpbb\x06proto3"
 
 var (
 	file_meta_proto_rawDescOnce sync.Once
@@ -270,28 +611,39 @@ func file_meta_proto_rawDescGZIP() []byte {
 	return file_meta_proto_rawDescData
 }
 
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_meta_proto_goTypes = []any{
 	(*MetaSnapshot)(nil),    // 0: raftps.v1.MetaSnapshot
 	(*MetaSetShard)(nil),    // 1: raftps.v1.MetaSetShard
 	(*MetaCreateTable)(nil), // 2: raftps.v1.MetaCreateTable
-	(*TableSpec)(nil),       // 3: raftps.v1.TableSpec
-	(*Job)(nil),             // 4: raftps.v1.Job
-	(*ClusterNode)(nil),     // 5: raftps.v1.ClusterNode
-	(*ShardMap)(nil),        // 6: raftps.v1.ShardMap
+	(*MetaJoinJob)(nil),     // 3: raftps.v1.MetaJoinJob
+	(*MetaClusterID)(nil),   // 4: raftps.v1.MetaClusterID
+	(*MetaToken)(nil),       // 5: raftps.v1.MetaToken
+	(*MetaPutToken)(nil),    // 6: raftps.v1.MetaPutToken
+	(*MetaDeleteToken)(nil), // 7: raftps.v1.MetaDeleteToken
+	(*TableSpec)(nil),       // 8: raftps.v1.TableSpec
+	(*Job)(nil),             // 9: raftps.v1.Job
+	(*ClusterNode)(nil),     // 10: raftps.v1.ClusterNode
+	(*ShardMap)(nil),        // 11: raftps.v1.ShardMap
+	(*JobEvals)(nil),        // 12: raftps.v1.JobEvals
+	(*JoinJobRequest)(nil),  // 13: raftps.v1.JoinJobRequest
 }
 var file_meta_proto_depIdxs = []int32{
-	3, // 0: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
-	4, // 1: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
-	5, // 2: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
-	6, // 3: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
-	3, // 4: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
-	6, // 5: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	8,  // 0: raftps.v1.MetaSnapshot.tables:type_name -> raftps.v1.TableSpec
+	9,  // 1: raftps.v1.MetaSnapshot.jobs:type_name -> raftps.v1.Job
+	10, // 2: raftps.v1.MetaSnapshot.nodes:type_name -> raftps.v1.ClusterNode
+	11, // 3: raftps.v1.MetaSnapshot.shards:type_name -> raftps.v1.ShardMap
+	12, // 4: raftps.v1.MetaSnapshot.evals:type_name -> raftps.v1.JobEvals
+	5,  // 5: raftps.v1.MetaSnapshot.tokens:type_name -> raftps.v1.MetaToken
+	8,  // 6: raftps.v1.MetaCreateTable.spec:type_name -> raftps.v1.TableSpec
+	11, // 7: raftps.v1.MetaCreateTable.shards:type_name -> raftps.v1.ShardMap
+	13, // 8: raftps.v1.MetaJoinJob.join:type_name -> raftps.v1.JoinJobRequest
+	5,  // 9: raftps.v1.MetaPutToken.token:type_name -> raftps.v1.MetaToken
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -306,7 +658,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -89,6 +89,11 @@ type ForwardRequest struct {
 	//	*ForwardRequest_GetJob
 	//	*ForwardRequest_DeleteJob
 	//	*ForwardRequest_DescribeTable
+	//	*ForwardRequest_DropTable
+	//	*ForwardRequest_ReportEval
+	//	*ForwardRequest_PutToken
+	//	*ForwardRequest_DeleteToken
+	//	*ForwardRequest_ListTokens
 	Call          isForwardRequest_Call `protobuf_oneof:"call"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -201,6 +206,51 @@ func (x *ForwardRequest) GetDescribeTable() *DescribeTableRequest {
 	return nil
 }
 
+func (x *ForwardRequest) GetDropTable() *DropTableRequest {
+	if x != nil {
+		if x, ok := x.Call.(*ForwardRequest_DropTable); ok {
+			return x.DropTable
+		}
+	}
+	return nil
+}
+
+func (x *ForwardRequest) GetReportEval() *ReportEvalRequest {
+	if x != nil {
+		if x, ok := x.Call.(*ForwardRequest_ReportEval); ok {
+			return x.ReportEval
+		}
+	}
+	return nil
+}
+
+func (x *ForwardRequest) GetPutToken() *MetaPutToken {
+	if x != nil {
+		if x, ok := x.Call.(*ForwardRequest_PutToken); ok {
+			return x.PutToken
+		}
+	}
+	return nil
+}
+
+func (x *ForwardRequest) GetDeleteToken() *MetaDeleteToken {
+	if x != nil {
+		if x, ok := x.Call.(*ForwardRequest_DeleteToken); ok {
+			return x.DeleteToken
+		}
+	}
+	return nil
+}
+
+func (x *ForwardRequest) GetListTokens() *ListTokensRequest {
+	if x != nil {
+		if x, ok := x.Call.(*ForwardRequest_ListTokens); ok {
+			return x.ListTokens
+		}
+	}
+	return nil
+}
+
 type isForwardRequest_Call interface {
 	isForwardRequest_Call()
 }
@@ -233,6 +283,28 @@ type ForwardRequest_DescribeTable struct {
 	DescribeTable *DescribeTableRequest `protobuf:"bytes,8,opt,name=describe_table,json=describeTable,proto3,oneof"`
 }
 
+type ForwardRequest_DropTable struct {
+	DropTable *DropTableRequest `protobuf:"bytes,9,opt,name=drop_table,json=dropTable,proto3,oneof"`
+}
+
+type ForwardRequest_ReportEval struct {
+	ReportEval *ReportEvalRequest `protobuf:"bytes,20,opt,name=report_eval,json=reportEval,proto3,oneof"`
+}
+
+type ForwardRequest_PutToken struct {
+	// Token records and revocations: the forwarding node made the token
+	// (the secret never leaves it) and sends its record only.
+	PutToken *MetaPutToken `protobuf:"bytes,30,opt,name=put_token,json=putToken,proto3,oneof"`
+}
+
+type ForwardRequest_DeleteToken struct {
+	DeleteToken *MetaDeleteToken `protobuf:"bytes,31,opt,name=delete_token,json=deleteToken,proto3,oneof"`
+}
+
+type ForwardRequest_ListTokens struct {
+	ListTokens *ListTokensRequest `protobuf:"bytes,32,opt,name=list_tokens,json=listTokens,proto3,oneof"`
+}
+
 func (*ForwardRequest_AlterTable) isForwardRequest_Call() {}
 
 func (*ForwardRequest_SetNodeAdmin) isForwardRequest_Call() {}
@@ -247,6 +319,16 @@ func (*ForwardRequest_DeleteJob) isForwardRequest_Call() {}
 
 func (*ForwardRequest_DescribeTable) isForwardRequest_Call() {}
 
+func (*ForwardRequest_DropTable) isForwardRequest_Call() {}
+
+func (*ForwardRequest_ReportEval) isForwardRequest_Call() {}
+
+func (*ForwardRequest_PutToken) isForwardRequest_Call() {}
+
+func (*ForwardRequest_DeleteToken) isForwardRequest_Call() {}
+
+func (*ForwardRequest_ListTokens) isForwardRequest_Call() {}
+
 // ForwardResponse is the leader's answer, of the call's kind. An error is
 // the call's error status (with its ErrorInfo), passed back as it is.
 type ForwardResponse struct {
@@ -260,6 +342,11 @@ type ForwardResponse struct {
 	//	*ForwardResponse_GetJob
 	//	*ForwardResponse_DeleteJob
 	//	*ForwardResponse_DescribeTable
+	//	*ForwardResponse_DropTable
+	//	*ForwardResponse_ReportEval
+	//	*ForwardResponse_PutToken
+	//	*ForwardResponse_DeleteToken
+	//	*ForwardResponse_ListTokens
 	Result        isForwardResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -365,6 +452,51 @@ func (x *ForwardResponse) GetDescribeTable() *DescribeTableResponse {
 	return nil
 }
 
+func (x *ForwardResponse) GetDropTable() *DropTableResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardResponse_DropTable); ok {
+			return x.DropTable
+		}
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetReportEval() *ReportEvalResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardResponse_ReportEval); ok {
+			return x.ReportEval
+		}
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetPutToken() *CreateTokenResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardResponse_PutToken); ok {
+			return x.PutToken
+		}
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetDeleteToken() *DeleteTokenResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardResponse_DeleteToken); ok {
+			return x.DeleteToken
+		}
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetListTokens() *ListTokensResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardResponse_ListTokens); ok {
+			return x.ListTokens
+		}
+	}
+	return nil
+}
+
 type isForwardResponse_Result interface {
 	isForwardResponse_Result()
 }
@@ -397,6 +529,26 @@ type ForwardResponse_DescribeTable struct {
 	DescribeTable *DescribeTableResponse `protobuf:"bytes,7,opt,name=describe_table,json=describeTable,proto3,oneof"`
 }
 
+type ForwardResponse_DropTable struct {
+	DropTable *DropTableResponse `protobuf:"bytes,8,opt,name=drop_table,json=dropTable,proto3,oneof"`
+}
+
+type ForwardResponse_ReportEval struct {
+	ReportEval *ReportEvalResponse `protobuf:"bytes,20,opt,name=report_eval,json=reportEval,proto3,oneof"`
+}
+
+type ForwardResponse_PutToken struct {
+	PutToken *CreateTokenResponse `protobuf:"bytes,30,opt,name=put_token,json=putToken,proto3,oneof"`
+}
+
+type ForwardResponse_DeleteToken struct {
+	DeleteToken *DeleteTokenResponse `protobuf:"bytes,31,opt,name=delete_token,json=deleteToken,proto3,oneof"`
+}
+
+type ForwardResponse_ListTokens struct {
+	ListTokens *ListTokensResponse `protobuf:"bytes,32,opt,name=list_tokens,json=listTokens,proto3,oneof"`
+}
+
 func (*ForwardResponse_AlterTable) isForwardResponse_Result() {}
 
 func (*ForwardResponse_SetNodeAdmin) isForwardResponse_Result() {}
@@ -411,9 +563,23 @@ func (*ForwardResponse_DeleteJob) isForwardResponse_Result() {}
 
 func (*ForwardResponse_DescribeTable) isForwardResponse_Result() {}
 
+func (*ForwardResponse_DropTable) isForwardResponse_Result() {}
+
+func (*ForwardResponse_ReportEval) isForwardResponse_Result() {}
+
+func (*ForwardResponse_PutToken) isForwardResponse_Result() {}
+
+func (*ForwardResponse_DeleteToken) isForwardResponse_Result() {}
+
+func (*ForwardResponse_ListTokens) isForwardResponse_Result() {}
+
 type JoinClusterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *ClusterNode           `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *ClusterNode           `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The cluster the node's data dir belongs to ("" if it does not know
+	// yet): the metadata leader refuses a node of another cluster
+	// (CLUSTER_MISMATCH).
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,9 +621,18 @@ func (x *JoinClusterRequest) GetNode() *ClusterNode {
 	return nil
 }
 
+func (x *JoinClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
 type JoinClusterResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MapVersion    uint64                 `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	MapVersion uint64                 `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	// The cluster's ID ("" until the metadata group has chosen one).
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -497,6 +672,13 @@ func (x *JoinClusterResponse) GetMapVersion() uint64 {
 		return x.MapVersion
 	}
 	return 0
+}
+
+func (x *JoinClusterResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 type ReconfigureRequest struct {
@@ -1215,9 +1397,13 @@ type ReportBrokenRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The chain shard's group ID (table/shard) and the epoch the replica had.
-	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
-	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Group  string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Epoch  uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The replica's files failed their checks at open and were set aside:
+	// the node holds nothing of it, and may be given a fresh replica at once
+	// (a broken disk, by contrast, waits a cooldown). Raft shards too.
+	SetAside      bool `protobuf:"varint,5,opt,name=set_aside,json=setAside,proto3" json:"set_aside,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1280,6 +1466,13 @@ func (x *ReportBrokenRequest) GetReason() string {
 	return ""
 }
 
+func (x *ReportBrokenRequest) GetSetAside() bool {
+	if x != nil {
+		return x.SetAside
+	}
+	return false
+}
+
 type ReportBrokenResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1321,7 +1514,8 @@ var File_peer_proto protoreflect.FileDescriptor
 const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"peer.proto\x12\traftps.v1\x1a\fclient.proto\"\xf5\x03\n" +
+	"peer.proto\x12\traftps.v1\x1a\fclient.proto\x1a\n" +
+	"meta.proto\"\xae\x06\n" +
 	"\x0eForwardRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12?\n" +
 	"\valter_table\x18\x02 \x01(\v2\x1c.raftps.v1.AlterTableRequestH\x00R\n" +
@@ -1332,8 +1526,16 @@ const file_peer_proto_rawDesc = "" +
 	"\aget_job\x18\x06 \x01(\v2\x18.raftps.v1.GetJobRequestH\x00R\x06getJob\x12<\n" +
 	"\n" +
 	"delete_job\x18\a \x01(\v2\x1b.raftps.v1.DeleteJobRequestH\x00R\tdeleteJob\x12H\n" +
-	"\x0edescribe_table\x18\b \x01(\v2\x1f.raftps.v1.DescribeTableRequestH\x00R\rdescribeTableB\x06\n" +
-	"\x04call\"\xd9\x03\n" +
+	"\x0edescribe_table\x18\b \x01(\v2\x1f.raftps.v1.DescribeTableRequestH\x00R\rdescribeTable\x12<\n" +
+	"\n" +
+	"drop_table\x18\t \x01(\v2\x1b.raftps.v1.DropTableRequestH\x00R\tdropTable\x12?\n" +
+	"\vreport_eval\x18\x14 \x01(\v2\x1c.raftps.v1.ReportEvalRequestH\x00R\n" +
+	"reportEval\x126\n" +
+	"\tput_token\x18\x1e \x01(\v2\x17.raftps.v1.MetaPutTokenH\x00R\bputToken\x12?\n" +
+	"\fdelete_token\x18\x1f \x01(\v2\x1a.raftps.v1.MetaDeleteTokenH\x00R\vdeleteToken\x12?\n" +
+	"\vlist_tokens\x18  \x01(\v2\x1c.raftps.v1.ListTokensRequestH\x00R\n" +
+	"listTokensB\x06\n" +
+	"\x04call\"\xa0\x06\n" +
 	"\x0fForwardResponse\x12@\n" +
 	"\valter_table\x18\x01 \x01(\v2\x1d.raftps.v1.AlterTableResponseH\x00R\n" +
 	"alterTable\x12G\n" +
@@ -1344,13 +1546,25 @@ const file_peer_proto_rawDesc = "" +
 	"\aget_job\x18\x05 \x01(\v2\x19.raftps.v1.GetJobResponseH\x00R\x06getJob\x12=\n" +
 	"\n" +
 	"delete_job\x18\x06 \x01(\v2\x1c.raftps.v1.DeleteJobResponseH\x00R\tdeleteJob\x12I\n" +
-	"\x0edescribe_table\x18\a \x01(\v2 .raftps.v1.DescribeTableResponseH\x00R\rdescribeTableB\b\n" +
-	"\x06result\"@\n" +
+	"\x0edescribe_table\x18\a \x01(\v2 .raftps.v1.DescribeTableResponseH\x00R\rdescribeTable\x12=\n" +
+	"\n" +
+	"drop_table\x18\b \x01(\v2\x1c.raftps.v1.DropTableResponseH\x00R\tdropTable\x12@\n" +
+	"\vreport_eval\x18\x14 \x01(\v2\x1d.raftps.v1.ReportEvalResponseH\x00R\n" +
+	"reportEval\x12=\n" +
+	"\tput_token\x18\x1e \x01(\v2\x1e.raftps.v1.CreateTokenResponseH\x00R\bputToken\x12C\n" +
+	"\fdelete_token\x18\x1f \x01(\v2\x1e.raftps.v1.DeleteTokenResponseH\x00R\vdeleteToken\x12@\n" +
+	"\vlist_tokens\x18  \x01(\v2\x1d.raftps.v1.ListTokensResponseH\x00R\n" +
+	"listTokensB\b\n" +
+	"\x06result\"_\n" +
 	"\x12JoinClusterRequest\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.raftps.v1.ClusterNodeR\x04node\"6\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.raftps.v1.ClusterNodeR\x04node\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\"U\n" +
 	"\x13JoinClusterResponse\x12\x1f\n" +
 	"\vmap_version\x18\x01 \x01(\x04R\n" +
-	"mapVersion\"\xb6\x01\n" +
+	"mapVersion\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\"\xb6\x01\n" +
 	"\x12ReconfigureRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12(\n" +
@@ -1397,12 +1611,13 @@ const file_peer_proto_rawDesc = "" +
 	"\x14ConfirmChainsRequest\x12\x16\n" +
 	"\x06groups\x18\x01 \x03(\tR\x06groups\"/\n" +
 	"\x15ConfirmChainsResponse\x12\x16\n" +
-	"\x06epochs\x18\x01 \x03(\x04R\x06epochs\"r\n" +
+	"\x06epochs\x18\x01 \x03(\x04R\x06epochs\"\x8f\x01\n" +
 	"\x13ReportBrokenRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tset_aside\x18\x05 \x01(\bR\bsetAside\"\x16\n" +
 	"\x14ReportBrokenResponse*S\n" +
 	"\rReconfigureOp\x12\x15\n" +
 	"\x11RECONFIGURE_QUERY\x10\x00\x12\x13\n" +
@@ -1461,16 +1676,26 @@ var file_peer_proto_goTypes = []any{
 	(*GetJobRequest)(nil),         // 23: raftps.v1.GetJobRequest
 	(*DeleteJobRequest)(nil),      // 24: raftps.v1.DeleteJobRequest
 	(*DescribeTableRequest)(nil),  // 25: raftps.v1.DescribeTableRequest
-	(*AlterTableResponse)(nil),    // 26: raftps.v1.AlterTableResponse
-	(*SetNodeAdminResponse)(nil),  // 27: raftps.v1.SetNodeAdminResponse
-	(*ClusterMap)(nil),            // 28: raftps.v1.ClusterMap
-	(*JoinJobResponse)(nil),       // 29: raftps.v1.JoinJobResponse
-	(*GetJobResponse)(nil),        // 30: raftps.v1.GetJobResponse
-	(*DeleteJobResponse)(nil),     // 31: raftps.v1.DeleteJobResponse
-	(*DescribeTableResponse)(nil), // 32: raftps.v1.DescribeTableResponse
-	(*ClusterNode)(nil),           // 33: raftps.v1.ClusterNode
-	(*StatusRequest)(nil),         // 34: raftps.v1.StatusRequest
-	(*StatusResponse)(nil),        // 35: raftps.v1.StatusResponse
+	(*DropTableRequest)(nil),      // 26: raftps.v1.DropTableRequest
+	(*ReportEvalRequest)(nil),     // 27: raftps.v1.ReportEvalRequest
+	(*MetaPutToken)(nil),          // 28: raftps.v1.MetaPutToken
+	(*MetaDeleteToken)(nil),       // 29: raftps.v1.MetaDeleteToken
+	(*ListTokensRequest)(nil),     // 30: raftps.v1.ListTokensRequest
+	(*AlterTableResponse)(nil),    // 31: raftps.v1.AlterTableResponse
+	(*SetNodeAdminResponse)(nil),  // 32: raftps.v1.SetNodeAdminResponse
+	(*ClusterMap)(nil),            // 33: raftps.v1.ClusterMap
+	(*JoinJobResponse)(nil),       // 34: raftps.v1.JoinJobResponse
+	(*GetJobResponse)(nil),        // 35: raftps.v1.GetJobResponse
+	(*DeleteJobResponse)(nil),     // 36: raftps.v1.DeleteJobResponse
+	(*DescribeTableResponse)(nil), // 37: raftps.v1.DescribeTableResponse
+	(*DropTableResponse)(nil),     // 38: raftps.v1.DropTableResponse
+	(*ReportEvalResponse)(nil),    // 39: raftps.v1.ReportEvalResponse
+	(*CreateTokenResponse)(nil),   // 40: raftps.v1.CreateTokenResponse
+	(*DeleteTokenResponse)(nil),   // 41: raftps.v1.DeleteTokenResponse
+	(*ListTokensResponse)(nil),    // 42: raftps.v1.ListTokensResponse
+	(*ClusterNode)(nil),           // 43: raftps.v1.ClusterNode
+	(*StatusRequest)(nil),         // 44: raftps.v1.StatusRequest
+	(*StatusResponse)(nil),        // 45: raftps.v1.StatusResponse
 }
 var file_peer_proto_depIdxs = []int32{
 	19, // 0: raftps.v1.ForwardRequest.alter_table:type_name -> raftps.v1.AlterTableRequest
@@ -1480,40 +1705,50 @@ var file_peer_proto_depIdxs = []int32{
 	23, // 4: raftps.v1.ForwardRequest.get_job:type_name -> raftps.v1.GetJobRequest
 	24, // 5: raftps.v1.ForwardRequest.delete_job:type_name -> raftps.v1.DeleteJobRequest
 	25, // 6: raftps.v1.ForwardRequest.describe_table:type_name -> raftps.v1.DescribeTableRequest
-	26, // 7: raftps.v1.ForwardResponse.alter_table:type_name -> raftps.v1.AlterTableResponse
-	27, // 8: raftps.v1.ForwardResponse.set_node_admin:type_name -> raftps.v1.SetNodeAdminResponse
-	28, // 9: raftps.v1.ForwardResponse.cluster_map:type_name -> raftps.v1.ClusterMap
-	29, // 10: raftps.v1.ForwardResponse.join_job:type_name -> raftps.v1.JoinJobResponse
-	30, // 11: raftps.v1.ForwardResponse.get_job:type_name -> raftps.v1.GetJobResponse
-	31, // 12: raftps.v1.ForwardResponse.delete_job:type_name -> raftps.v1.DeleteJobResponse
-	32, // 13: raftps.v1.ForwardResponse.describe_table:type_name -> raftps.v1.DescribeTableResponse
-	33, // 14: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
-	0,  // 15: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
-	3,  // 16: raftps.v1.Peer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
-	1,  // 17: raftps.v1.Peer.Forward:input_type -> raftps.v1.ForwardRequest
-	34, // 18: raftps.v1.Peer.Status:input_type -> raftps.v1.StatusRequest
-	5,  // 19: raftps.v1.Peer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
-	7,  // 20: raftps.v1.Peer.ReadIndex:input_type -> raftps.v1.ReadIndexRequest
-	9,  // 21: raftps.v1.Peer.ReportHot:input_type -> raftps.v1.ReportHotRequest
-	11, // 22: raftps.v1.Peer.AssignHot:input_type -> raftps.v1.AssignHotRequest
-	13, // 23: raftps.v1.Peer.HotRows:input_type -> raftps.v1.HotRowsRequest
-	15, // 24: raftps.v1.Peer.ConfirmChains:input_type -> raftps.v1.ConfirmChainsRequest
-	17, // 25: raftps.v1.Peer.ReportBroken:input_type -> raftps.v1.ReportBrokenRequest
-	4,  // 26: raftps.v1.Peer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
-	2,  // 27: raftps.v1.Peer.Forward:output_type -> raftps.v1.ForwardResponse
-	35, // 28: raftps.v1.Peer.Status:output_type -> raftps.v1.StatusResponse
-	6,  // 29: raftps.v1.Peer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
-	8,  // 30: raftps.v1.Peer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
-	10, // 31: raftps.v1.Peer.ReportHot:output_type -> raftps.v1.ReportHotResponse
-	12, // 32: raftps.v1.Peer.AssignHot:output_type -> raftps.v1.AssignHotResponse
-	14, // 33: raftps.v1.Peer.HotRows:output_type -> raftps.v1.HotRowsResponse
-	16, // 34: raftps.v1.Peer.ConfirmChains:output_type -> raftps.v1.ConfirmChainsResponse
-	18, // 35: raftps.v1.Peer.ReportBroken:output_type -> raftps.v1.ReportBrokenResponse
-	26, // [26:36] is the sub-list for method output_type
-	16, // [16:26] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	26, // 7: raftps.v1.ForwardRequest.drop_table:type_name -> raftps.v1.DropTableRequest
+	27, // 8: raftps.v1.ForwardRequest.report_eval:type_name -> raftps.v1.ReportEvalRequest
+	28, // 9: raftps.v1.ForwardRequest.put_token:type_name -> raftps.v1.MetaPutToken
+	29, // 10: raftps.v1.ForwardRequest.delete_token:type_name -> raftps.v1.MetaDeleteToken
+	30, // 11: raftps.v1.ForwardRequest.list_tokens:type_name -> raftps.v1.ListTokensRequest
+	31, // 12: raftps.v1.ForwardResponse.alter_table:type_name -> raftps.v1.AlterTableResponse
+	32, // 13: raftps.v1.ForwardResponse.set_node_admin:type_name -> raftps.v1.SetNodeAdminResponse
+	33, // 14: raftps.v1.ForwardResponse.cluster_map:type_name -> raftps.v1.ClusterMap
+	34, // 15: raftps.v1.ForwardResponse.join_job:type_name -> raftps.v1.JoinJobResponse
+	35, // 16: raftps.v1.ForwardResponse.get_job:type_name -> raftps.v1.GetJobResponse
+	36, // 17: raftps.v1.ForwardResponse.delete_job:type_name -> raftps.v1.DeleteJobResponse
+	37, // 18: raftps.v1.ForwardResponse.describe_table:type_name -> raftps.v1.DescribeTableResponse
+	38, // 19: raftps.v1.ForwardResponse.drop_table:type_name -> raftps.v1.DropTableResponse
+	39, // 20: raftps.v1.ForwardResponse.report_eval:type_name -> raftps.v1.ReportEvalResponse
+	40, // 21: raftps.v1.ForwardResponse.put_token:type_name -> raftps.v1.CreateTokenResponse
+	41, // 22: raftps.v1.ForwardResponse.delete_token:type_name -> raftps.v1.DeleteTokenResponse
+	42, // 23: raftps.v1.ForwardResponse.list_tokens:type_name -> raftps.v1.ListTokensResponse
+	43, // 24: raftps.v1.JoinClusterRequest.node:type_name -> raftps.v1.ClusterNode
+	0,  // 25: raftps.v1.ReconfigureRequest.op:type_name -> raftps.v1.ReconfigureOp
+	3,  // 26: raftps.v1.Peer.JoinCluster:input_type -> raftps.v1.JoinClusterRequest
+	1,  // 27: raftps.v1.Peer.Forward:input_type -> raftps.v1.ForwardRequest
+	44, // 28: raftps.v1.Peer.Status:input_type -> raftps.v1.StatusRequest
+	5,  // 29: raftps.v1.Peer.Reconfigure:input_type -> raftps.v1.ReconfigureRequest
+	7,  // 30: raftps.v1.Peer.ReadIndex:input_type -> raftps.v1.ReadIndexRequest
+	9,  // 31: raftps.v1.Peer.ReportHot:input_type -> raftps.v1.ReportHotRequest
+	11, // 32: raftps.v1.Peer.AssignHot:input_type -> raftps.v1.AssignHotRequest
+	13, // 33: raftps.v1.Peer.HotRows:input_type -> raftps.v1.HotRowsRequest
+	15, // 34: raftps.v1.Peer.ConfirmChains:input_type -> raftps.v1.ConfirmChainsRequest
+	17, // 35: raftps.v1.Peer.ReportBroken:input_type -> raftps.v1.ReportBrokenRequest
+	4,  // 36: raftps.v1.Peer.JoinCluster:output_type -> raftps.v1.JoinClusterResponse
+	2,  // 37: raftps.v1.Peer.Forward:output_type -> raftps.v1.ForwardResponse
+	45, // 38: raftps.v1.Peer.Status:output_type -> raftps.v1.StatusResponse
+	6,  // 39: raftps.v1.Peer.Reconfigure:output_type -> raftps.v1.ReconfigureResponse
+	8,  // 40: raftps.v1.Peer.ReadIndex:output_type -> raftps.v1.ReadIndexResponse
+	10, // 41: raftps.v1.Peer.ReportHot:output_type -> raftps.v1.ReportHotResponse
+	12, // 42: raftps.v1.Peer.AssignHot:output_type -> raftps.v1.AssignHotResponse
+	14, // 43: raftps.v1.Peer.HotRows:output_type -> raftps.v1.HotRowsResponse
+	16, // 44: raftps.v1.Peer.ConfirmChains:output_type -> raftps.v1.ConfirmChainsResponse
+	18, // 45: raftps.v1.Peer.ReportBroken:output_type -> raftps.v1.ReportBrokenResponse
+	36, // [36:46] is the sub-list for method output_type
+	26, // [26:36] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1522,6 +1757,7 @@ func file_peer_proto_init() {
 		return
 	}
 	file_client_proto_init()
+	file_meta_proto_init()
 	file_peer_proto_msgTypes[0].OneofWrappers = []any{
 		(*ForwardRequest_AlterTable)(nil),
 		(*ForwardRequest_SetNodeAdmin)(nil),
@@ -1530,6 +1766,11 @@ func file_peer_proto_init() {
 		(*ForwardRequest_GetJob)(nil),
 		(*ForwardRequest_DeleteJob)(nil),
 		(*ForwardRequest_DescribeTable)(nil),
+		(*ForwardRequest_DropTable)(nil),
+		(*ForwardRequest_ReportEval)(nil),
+		(*ForwardRequest_PutToken)(nil),
+		(*ForwardRequest_DeleteToken)(nil),
+		(*ForwardRequest_ListTokens)(nil),
 	}
 	file_peer_proto_msgTypes[1].OneofWrappers = []any{
 		(*ForwardResponse_AlterTable)(nil),
@@ -1539,6 +1780,11 @@ func file_peer_proto_init() {
 		(*ForwardResponse_GetJob)(nil),
 		(*ForwardResponse_DeleteJob)(nil),
 		(*ForwardResponse_DescribeTable)(nil),
+		(*ForwardResponse_DropTable)(nil),
+		(*ForwardResponse_ReportEval)(nil),
+		(*ForwardResponse_PutToken)(nil),
+		(*ForwardResponse_DeleteToken)(nil),
+		(*ForwardResponse_ListTokens)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

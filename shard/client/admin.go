@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -66,6 +67,9 @@ func (a *Admin) SetNodeAdmin(ctx context.Context, id string, admin NodeAdmin) er
 		_, err := s.SetNodeAdmin(ctx, &shardpb.SetNodeAdminRequest{Id: id, Admin: p})
 		return err
 	})
+	if errors.Is(err, ErrUnknownNode) {
+		return fmt.Errorf("making node %s %s: no node %q in the cluster map (the nodes' IDs are in the status): %w", id, admin, id, err)
+	}
 	if err != nil {
 		return fmt.Errorf("making node %s %s: %w", id, admin, err)
 	}
@@ -167,7 +171,7 @@ func (a *Admin) NodeStatus(ctx context.Context, addr string, checksums bool) (No
 	if err != nil {
 		return NodeStatus{}, fmt.Errorf("status of %s: %w", addr, a.c.callFailed(ctx, actx, addr, err))
 	}
-	return nodeStatusOf(resp), nil
+	return StatusFromProto(resp), nil
 }
 
 // StatusOptions choose what ClusterStatus asks.

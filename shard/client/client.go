@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/grpcopt"
 	"github.com/raftps/raftps/shard/shardpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,7 +24,8 @@ import (
 // through leader changes with the same (client, seq), so a push is applied
 // exactly once. Safe for concurrent use.
 type Client struct {
-	cfg Config
+	cfg     Config
+	metrics *clientMetrics // nil without Config.Metrics
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn // by address
@@ -68,7 +71,14 @@ func New(cfg Config) (*Client, error) {
 		}
 		cfg.ClientID = binary.LittleEndian.Uint64(b[:]) | 1
 	}
-	return &Client{
+	var m *clientMetrics
+	if cfg.Metrics != nil {
+		var err error
+		if m, err = newClientMetrics(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("raftps client: registering metrics: %w", err)
+		}
+	}
+	return &Client{metrics: m,
 		cfg: cfg, conns: map[string]*grpc.ClientConn{}, tables: map[string]*shardpb.TableSpec{},
 		maps: map[string]*tableMap{}, leaders: map[string]string{}, seqs: map[string]*atomic.Uint64{},
 		hot: map[string]*hotView{}, specAt: map[string]time.Time{}, specBusy: map[string]bool{}, silent: marks{ttl: silentFor}, hedge: hedgeState{slow: marks{ttl: slowFor}},
@@ -112,7 +122,7 @@ func (c *Client) stub(addr string) (shardpb.ParameterServerClient, error) {
 		opts := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes), grpc.MaxCallSendMsgSize(c.cfg.MaxMessageBytes)),
-		}, c.cfg.DialOptions...)
+		}, append(grpcopt.Dial(), c.cfg.DialOptions...)...)
 		var err error
 		if cc, err = grpc.NewClient(addr, opts...); err != nil {
 			return nil, fmt.Errorf("raftps client: %s: %w", addr, err)
@@ -483,6 +493,23 @@ func (c *Client) setSpec(spec *shardpb.TableSpec) {
 	c.tables[spec.Name], c.specAt[spec.Name] = spec, time.Now()
 	delete(c.hot, spec.Name)
 	c.mu.Unlock()
+}
+
+// forgetTable drops what the client caches of a table (spec, map, hot
+// keys, leaders), so that a table created again under the name is learned
+// afresh.
+func (c *Client) forgetTable(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.tables, name)
+	delete(c.specAt, name)
+	delete(c.maps, name)
+	delete(c.hot, name)
+	for g := range c.leaders {
+		if t, _, ok := strings.Cut(g, "/"); ok && t == name {
+			delete(c.leaders, g)
+		}
+	}
 }
 
 func (c *Client) nextSeq(group string) uint64 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
 
@@ -42,6 +43,14 @@ type Config struct {
 	SuspectSilence time.Duration
 	// MaxMessageBytes caps a message the client sends or receives.
 	MaxMessageBytes int
+	// MaxCallBytes bounds the rows of one call: a push whose gradients,
+	// or a pull whose rows, take more is sent as several calls of at most
+	// this many bytes, one after another (each shard's part of each still
+	// applied exactly once; the whole is not atomic, as a push over
+	// several shards never is). The default is half of a node's default
+	// limit on a client's message (16 MiB, raftps server
+	// --max-message-bytes), so a wide table's large batches pass.
+	MaxCallBytes int
 	// HedgeAfter is the least time a read that other replicas may serve
 	// (bounded, eventual, hot keys, chain reads) waits for one node before
 	// it is also sent to the next (hedge.go): the threshold is the 90th
@@ -54,6 +63,10 @@ type Config struct {
 	// client's own, so they win): transport credentials, interceptors. By
 	// default connections are plaintext.
 	DialOptions []grpc.DialOption
+	// Metrics, if set, gets the client's metrics (raftps_client_*): its
+	// pulls and pushes by table and outcome, their latency and rows.
+	// Clients of one process may share a registry.
+	Metrics prometheus.Registerer
 }
 
 // Defaults of a Config.
@@ -63,6 +76,7 @@ const (
 	DefaultSuspectAfter    = 150 * time.Millisecond
 	DefaultSuspectSilence  = 250 * time.Millisecond
 	DefaultMaxMessageBytes = 64 << 20
+	DefaultMaxCallBytes    = 8 << 20
 )
 
 // DefaultConfig returns the configuration of a client of the nodes at addrs
@@ -75,6 +89,7 @@ func DefaultConfig(addrs ...string) Config {
 		SuspectAfter:    DefaultSuspectAfter,
 		SuspectSilence:  DefaultSuspectSilence,
 		MaxMessageBytes: DefaultMaxMessageBytes,
+		MaxCallBytes:    DefaultMaxCallBytes,
 		HedgeAfter:      DefaultHedgeAfter,
 		HedgeBudget:     DefaultHedgeBudget,
 	}
@@ -115,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxMessageBytes <= 0 {
 		bad("MaxMessageBytes (%d) must be positive", c.MaxMessageBytes)
+	}
+	if c.MaxCallBytes <= 0 {
+		bad("MaxCallBytes (%d) must be positive", c.MaxCallBytes)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("raftps client config: %w", errors.Join(errs...))

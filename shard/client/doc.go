@@ -20,6 +20,14 @@
 // when they last heard from it, and is abandoned (and retried elsewhere)
 // once they say it has gone silent.
 //
+// A cluster is secure by default: give the client its credentials (the
+// CA, and a client certificate or a bearer token) through Credentials, or
+// take the ones the CLI uses from the environment:
+//
+//	cfg := client.DefaultConfig(addrs...)
+//	creds, err := client.CredentialsFromEnv().DialOptions()
+//	cfg.DialOptions = append(cfg.DialOptions, creds...)
+//
 // Tables, Admin and Jobs group the table, cluster and job-registry calls.
 // The API speaks this package's types; Raw is the escape hatch to the
 // generated gRPC stub (package shardpb) for anything it does not wrap.

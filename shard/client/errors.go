@@ -29,6 +29,12 @@ var (
 	ErrWorldMismatch     = api.ErrWorldMismatch
 	ErrUnknownNode       = api.ErrUnknownNode
 	ErrNodeConflict      = api.ErrNodeConflict
+	ErrQuotaExceeded     = api.ErrQuotaExceeded
+	ErrTableInUse        = api.ErrTableInUse
+	ErrUnauthenticated   = api.ErrUnauthenticated
+	ErrPermissionDenied  = api.ErrPermissionDenied
+	ErrUnknownToken      = api.ErrUnknownToken
+	ErrTokenExists       = api.ErrTokenExists
 )
 
 // Errors the client raises itself; no node answers them.

@@ -63,12 +63,16 @@ func (j JobInfo) Registered() int {
 // by another address is ErrRankTaken; a world size other than the
 // incomplete round's is ErrWorldMismatch.
 //
+// tables, if given, are the tables the job uses: while the job is in the
+// registry, Tables.Drop refuses them (ErrTableInUse) unless forced. A join
+// naming tables replaces the job's list.
+//
 // Any node will do: a node that is not the metadata leader forwards the call.
-func (j *Jobs) Join(ctx context.Context, job string, world, rank int, addr string) (int, uint64, error) {
+func (j *Jobs) Join(ctx context.Context, job string, world, rank int, addr string, tables ...string) (int, uint64, error) {
 	if err := api.CheckJoin(job, world, rank, addr); err != nil {
 		return 0, 0, fmt.Errorf("raftps client: %w", err)
 	}
-	req := &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rank), Addr: addr}
+	req := &shardpb.JoinJobRequest{Job: job, World: uint32(world), Rank: int32(rank), Addr: addr, Tables: tables}
 	var out *shardpb.JoinJobResponse
 	err := j.c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) (err error) {
 		out, err = s.JoinJob(ctx, req)
@@ -148,4 +152,31 @@ func (j *Jobs) Wait(ctx context.Context, job string, round uint64) (JobInfo, err
 		}
 		wait = min(2*wait, maxPoll)
 	}
+}
+
+// EvalPoint is one evaluation of a job's model on its held-out set; the
+// Bayes-optimal values are 0 where unknown (real data).
+type EvalPoint struct {
+	Step         int     `json:"step"`
+	Seconds      float64 `json:"seconds"`
+	AUC          float64 `json:"auc"`
+	LogLoss      float64 `json:"logloss"`
+	BayesAUC     float64 `json:"bayes_auc,omitempty"`
+	BayesLogLoss float64 `json:"bayes_logloss,omitempty"`
+}
+
+// ReportEval records an evaluation of the job (its rank 0 reports each),
+// which the dashboard draws. Reporting a step again replaces it and every
+// later one (a resumed job), so a retried report changes nothing.
+func (j *Jobs) ReportEval(ctx context.Context, job string, p EvalPoint) error {
+	req := &shardpb.ReportEvalRequest{Job: job, Point: &shardpb.EvalPoint{Step: uint64(max(p.Step, 0)), Seconds: p.Seconds,
+		Auc: p.AUC, Logloss: p.LogLoss, BayesAuc: p.BayesAUC, BayesLogloss: p.BayesLogLoss}}
+	err := j.c.callMeta(ctx, func(ctx context.Context, s shardpb.ParameterServerClient) error {
+		_, err := s.ReportEval(ctx, req)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reporting an evaluation of job %q: %w", job, err)
+	}
+	return nil
 }

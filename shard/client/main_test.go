@@ -56,7 +56,7 @@ func startCluster(dir string, n int) ([]*shard.Node, error) {
 		LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond, NoSync: true}
 	var nodes []*shard.Node
 	for i, p := range peers {
-		cfg := shard.NodeConfig{ID: p.ID, Addr: addr(i), PeerAddr: p.PeerAddr, DataDir: filepath.Join(dir, p.ID), Peers: peers, Raft: raft,
+		cfg := shard.NodeConfig{ID: p.ID, Addr: addr(i), PeerAddr: p.PeerAddr, DataDir: filepath.Join(dir, p.ID), Peers: peers, Raft: raft, Insecure: true,
 			Gossip: membership.Config{Addr: addr(2*n + i), ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
 				GossipInterval: 50 * time.Millisecond}}
 		nd, err := shard.StartNode(cfg)

@@ -21,6 +21,17 @@ type pullOptions struct {
 	allowWeaker bool
 }
 
+// AtConsistency reads at c's level instead of the table's, and for
+// Bounded with its bound: WithConsistency and WithStaleness in one.
+func AtConsistency(c Consistency) PullOption {
+	return func(o *pullOptions) {
+		o.level = c.Level
+		if c.Level == Bounded {
+			o.bound = c.Bound
+		}
+	}
+}
+
 // WithConsistency reads at level l instead of the table's. A stronger level
 // than the table's is always allowed; a weaker one only with AllowWeaker.
 func WithConsistency(l Level) PullOption { return func(o *pullOptions) { o.level = l } }
@@ -37,14 +48,18 @@ func AllowWeaker() PullOption { return func(o *pullOptions) { o.allowWeaker = tr
 
 // Pull fills out with the rows of keys (len(keys) × dim values, in the order
 // of keys), at the table's consistency level unless an option says
-// otherwise. Keys never pushed come back as the table's initial values.
+// otherwise. Keys never pushed come back as the table's initial values. A
+// pull of more rows than Config.MaxCallBytes holds goes as several calls,
+// each row read at the level asked (the whole is not one snapshot, as a
+// pull over several shards never is).
 //
 // Linearizable pulls go to each shard's leader (of a chain table: to any
 // member, which confirms its epoch). Bounded and eventual pulls are spread
 // over each shard's replicas, and the table's hot keys over their read
 // replicas too; a replica that cannot serve within the bound says so, and
 // the part is asked again at the shard's other replicas.
-func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32, opts ...PullOption) error {
+func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32, opts ...PullOption) (err error) {
+	defer func(start time.Time) { c.metrics.observe("pull", table, len(keys), start, err) }(time.Now())
 	var o pullOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -66,6 +81,22 @@ func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []fl
 	if len(keys) == 0 {
 		return nil
 	}
+	rows := c.rowsPerCall(dim)
+	for i := 0; i < len(keys); i += rows {
+		j := min(i+rows, len(keys))
+		if err := c.pull(ctx, table, spec, o, keys[i:j], out[i*dim:j*dim]); err != nil {
+			if len(keys) > rows {
+				err = fmt.Errorf("rows %d..%d of %d (each call of at most %d rows): %w", i, j-1, len(keys), rows, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// pull reads one call's worth of Pull.
+func (c *Client) pull(ctx context.Context, table string, spec *shardpb.TableSpec, o pullOptions, keys []uint64, out []float32) error {
+	dim := int(spec.Dim)
 	level := o.level.proto()
 	if level == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
 		level = spec.Consistency

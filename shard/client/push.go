@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -13,8 +14,10 @@ import (
 // table; the nodes' optimizer applies them. Gradients of a key that occurs
 // more than once are summed first. Each shard's part is applied exactly
 // once, however often it is retried; Push returns once every part is
-// applied. On an error some parts may have been applied, each whole.
-func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) error {
+// applied. On an error some parts may have been applied, each whole. A
+// push larger than Config.MaxCallBytes goes as several calls.
+func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) (err error) {
+	defer func(start time.Time) { c.metrics.observe("push", table, len(keys), start, err) }(time.Now())
 	spec, err := c.spec(ctx, table)
 	if err != nil {
 		return err
@@ -23,6 +26,53 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 	if len(grads) != len(keys)*dim {
 		return fmt.Errorf("raftps client: push of %d keys to table %q (dim %d) with %d values: %w", len(keys), table, dim, len(grads), ErrDimMismatch)
 	}
+	rows := c.rowsPerCall(dim)
+	if len(keys) <= rows {
+		return c.push(ctx, table, spec, keys, grads)
+	}
+	// Too large for one call: duplicates summed over the whole push first
+	// (as one call would), then the distinct rows in calls of rows each.
+	keys, grads = sumDuplicates(keys, grads, dim)
+	for i := 0; i < len(keys); i += rows {
+		j := min(i+rows, len(keys))
+		if err := c.push(ctx, table, spec, keys[i:j], grads[i*dim:j*dim]); err != nil {
+			return fmt.Errorf("rows %d..%d of %d (each call of at most %d rows; the earlier ones are applied): %w", i, j-1, len(keys), rows, err)
+		}
+	}
+	return nil
+}
+
+// rowsPerCall is how many rows of a dim-wide table one call may carry
+// (MaxCallBytes), at least one.
+func (c *Client) rowsPerCall(dim int) int {
+	return max(1, c.cfg.MaxCallBytes/(8+4*dim))
+}
+
+// sumDuplicates returns the distinct keys in their first order and each
+// one's gradients summed, in that order.
+func sumDuplicates(keys []uint64, grads []float32, dim int) ([]uint64, []float32) {
+	at := make(map[uint64]int, len(keys))
+	uk := make([]uint64, 0, len(keys))
+	ug := make([]float32, 0, len(grads))
+	for i, k := range keys {
+		j, seen := at[k]
+		if !seen {
+			at[k] = len(uk)
+			uk = append(uk, k)
+			ug = append(ug, grads[i*dim:(i+1)*dim]...)
+			continue
+		}
+		dst := ug[j*dim : (j+1)*dim]
+		for col, v := range grads[i*dim : (i+1)*dim] {
+			dst[col] += v
+		}
+	}
+	return uk, ug
+}
+
+// push sends one call's worth of Push.
+func (c *Client) push(ctx context.Context, table string, spec *shardpb.TableSpec, keys []uint64, grads []float32) error {
+	dim := int(spec.Dim)
 	sp := splitKeys(keys, spec.Shards)
 	sums := make([][]float32, spec.Shards)
 	for s := range sums {

@@ -30,11 +30,41 @@ type NodeStatus struct {
 	// gaining a replica.
 	MapVersion uint64      `json:"map_version"`
 	Moving     []Placement `json:"moving"`
+	// Load: what the node served since it started, its disk and memory.
+	Load *NodeLoad `json:"load,omitempty"`
 	// Hot: the hot sets of the shards this node leads.
 	Hot []HotShard `json:"hot"`
 	// Served: the pulls this node served, by role and level, since it
 	// started.
 	Served []ServedCount `json:"served"`
+	// SetAside: the replicas this node set aside since it started, their
+	// files having failed their checks at open; Disk: its data disk.
+	SetAside []SetAsideReplica `json:"set_aside,omitempty"`
+	Disk     *DiskStatus       `json:"disk,omitempty"`
+}
+
+// SetAsideReplica is a replica whose files a node moved aside, kept for
+// inspection, to be rebuilt from its peers.
+type SetAsideReplica struct {
+	Group   string    `json:"group"`
+	Node    string    `json:"node"`
+	Reason  string    `json:"reason"`
+	MovedTo string    `json:"moved_to"`
+	At      time.Time `json:"at"`
+	// Reopened: the node has opened a new replica in its place (rebuilt or
+	// being rebuilt from its peers).
+	Reopened bool `json:"reopened"`
+}
+
+// DiskStatus is a node's data disk: its free space, and whether the node
+// refuses pushes for lack of it (Full, with Reason).
+type DiskStatus struct {
+	FreeBytes       uint64 `json:"free_bytes"`
+	TotalBytes      uint64 `json:"total_bytes"`
+	MinFreeBytes    uint64 `json:"min_free_bytes"`
+	Full            bool   `json:"full"`
+	Reason          string `json:"reason,omitempty"`
+	ReserveReleased bool   `json:"reserve_released,omitempty"`
 }
 
 // NodeInfo is one node as another sees it.
@@ -117,8 +147,33 @@ type ServedCount struct {
 	Refused  uint64 `json:"refused"`
 }
 
-func nodeStatusOf(r *shardpb.StatusResponse) NodeStatus {
+// NodeLoad counts the data calls a node answered since it started and
+// their server-side latency (calls per bucket, whose upper bounds in
+// seconds are LatencyBounds; the last count is for calls slower than all
+// of them), with its disk (data dir's file system) and resident memory.
+// Rates and percentiles are differences between two readings.
+type NodeLoad struct {
+	PullRows      uint64    `json:"pull_rows"`
+	PushRows      uint64    `json:"push_rows"`
+	Pulls         uint64    `json:"pulls"`
+	Pushes        uint64    `json:"pushes"`
+	LatencyBounds []float64 `json:"latency_bounds"`
+	PullLatency   []uint64  `json:"pull_latency"`
+	PushLatency   []uint64  `json:"push_latency"`
+	DiskFree      uint64    `json:"disk_free_bytes"`
+	DiskSize      uint64    `json:"disk_size_bytes"`
+	RSS           uint64    `json:"rss_bytes"`
+}
+
+// StatusFromProto converts a node's Status answer; for servers and tools
+// that ask for it over another path than a Client (GatherStatus).
+func StatusFromProto(r *shardpb.StatusResponse) NodeStatus {
 	st := NodeStatus{NodeID: r.NodeId, Addr: r.Addr, UnderReplicated: int(r.UnderReplicated), MapVersion: r.MapVersion}
+	if l := r.Load; l != nil {
+		st.Load = &NodeLoad{PullRows: l.PullRows, PushRows: l.PushRows, Pulls: l.Pulls, Pushes: l.Pushes,
+			LatencyBounds: l.LatencyBounds, PullLatency: l.PullLatency, PushLatency: l.PushLatency,
+			DiskFree: l.DiskFreeBytes, DiskSize: l.DiskSizeBytes, RSS: l.RssBytes}
+	}
 	for _, n := range r.Nodes {
 		st.Nodes = append(st.Nodes, NodeInfo{ID: n.Id, Addr: n.Addr, State: n.State, Replicas: int(n.Replicas), Leaders: int(n.Leaders), Admin: n.Admin})
 	}
@@ -149,6 +204,12 @@ func nodeStatusOf(r *shardpb.StatusResponse) NodeStatus {
 	for _, c := range r.Served {
 		st.Served = append(st.Served, ServedCount{Node: r.NodeId, Role: c.Role, Level: c.Level, Requests: c.Requests, Rows: c.Rows, Refused: c.Refused})
 	}
+	for _, a := range r.SetAside {
+		st.SetAside = append(st.SetAside, SetAsideReplica{Group: a.Group, Node: r.NodeId, Reason: a.Reason, MovedTo: a.MovedTo, At: time.UnixMilli(a.AtUnixMs), Reopened: a.Reopened})
+	}
+	if d := r.Disk; d != nil {
+		st.Disk = &DiskStatus{FreeBytes: d.FreeBytes, TotalBytes: d.TotalBytes, MinFreeBytes: d.MinFreeBytes, Full: d.Full, Reason: d.Reason, ReserveReleased: d.ReserveReleased}
+	}
 	return st
 }
 
@@ -165,6 +226,8 @@ type ClusterStatus struct {
 	Jobs     []JobSummary    `json:"jobs"`
 	Hot      []HotKeyRow     `json:"hot"`
 	Served   []ServedCount   `json:"served"`
+	// SetAside: every answering node's set-aside replicas.
+	SetAside []SetAsideReplica `json:"set_aside"`
 }
 
 // ClusterNode is one node in a ClusterStatus: its liveness by gossip and
@@ -179,6 +242,10 @@ type ClusterNode struct {
 	Replicas int    `json:"replicas"`
 	Leaders  int    `json:"leaders"`
 	RPC      string `json:"rpc"` // "up", "not asked", or "unreachable: ..."
+	// Disk: the node's data disk, as it answered itself.
+	Disk *DiskStatus `json:"disk,omitempty"`
+	// Load: the node's own answer (nil if it did not answer).
+	Load *NodeLoad `json:"load,omitempty"`
 }
 
 // JobSummary is a job's current round: how many of its ranks registered.
@@ -214,16 +281,31 @@ func (s ClusterStatus) Node(id string) (ClusterNode, bool) {
 // the answers together. Nodes that do not answer are listed as unreachable;
 // only a cluster of which no node answers is an error.
 func (a *Admin) ClusterStatus(ctx context.Context, o StatusOptions) (ClusterStatus, error) {
-	if o.Timeout <= 0 {
-		o.Timeout = 3 * time.Second
+	return GatherStatus(ctx, a.c.Addrs(), o.Timeout, func(ctx context.Context, addr string) (NodeStatus, error) {
+		return a.NodeStatus(ctx, addr, o.Checksums)
+	})
+}
+
+// StatusFetcher returns the status of the node whose client address is addr.
+type StatusFetcher func(ctx context.Context, addr string) (NodeStatus, error)
+
+// GatherStatus is ClusterStatus with another way to ask each node: a node
+// serving its dashboard asks its peers over the peer API. It starts with
+// the nodes at seeds (client addresses) and follows every node they name,
+// waiting up to timeout (default 3s) for each.
+func GatherStatus(ctx context.Context, seeds []string, timeout time.Duration, fetch StatusFetcher) (ClusterStatus, error) {
+	if timeout <= 0 {
+		timeout = 3 * time.Second
 	}
-	addrs := a.c.Addrs()
+	addrs := slices.Clone(seeds)
 	seen := map[string]bool{}
 	// Jobs and the gossip view as the metadata leader has them (the
 	// freshest view), else as the first node that answered has them.
 	view := -1                    // index in answers
 	rpc := map[string]string{}    // by address
 	self := map[string]NodeInfo{} // each answering node about itself
+	disks := map[string]*DiskStatus{}
+	loads := map[string]*NodeLoad{}
 	var answers []NodeStatus
 	var out ClusterStatus
 	var lastErr error
@@ -233,8 +315,8 @@ func (a *Admin) ClusterStatus(ctx context.Context, o StatusOptions) (ClusterStat
 			continue
 		}
 		seen[addr] = true
-		nctx, cancel := context.WithTimeout(ctx, o.Timeout)
-		st, err := a.NodeStatus(nctx, addr, o.Checksums)
+		nctx, cancel := context.WithTimeout(ctx, timeout)
+		st, err := fetch(nctx, addr)
 		cancel()
 		if err != nil {
 			rpc[addr] = "unreachable: " + err.Error()
@@ -244,6 +326,11 @@ func (a *Admin) ClusterStatus(ctx context.Context, o StatusOptions) (ClusterStat
 		rpc[addr] = "up"
 		answers = append(answers, st)
 		out.Served = append(out.Served, st.Served...)
+		out.SetAside = append(out.SetAside, st.SetAside...)
+		if st.Disk != nil {
+			disks[st.NodeID] = st.Disk
+		}
+		loads[st.NodeID] = st.Load
 		for _, p := range st.Nodes {
 			if p.ID == st.NodeID {
 				self[p.ID] = p
@@ -279,6 +366,8 @@ func (a *Admin) ClusterStatus(ctx context.Context, o StatusOptions) (ClusterStat
 		if me, ok := self[p.ID]; ok {
 			nd.Leaders = me.Leaders
 		}
+		nd.Disk = disks[p.ID]
+		nd.Load = loads[p.ID]
 		if nd.RPC == "" {
 			nd.RPC = "not asked"
 		}
@@ -296,6 +385,9 @@ func (a *Admin) ClusterStatus(ctx context.Context, o StatusOptions) (ClusterStat
 	slices.SortStableFunc(out.Served, func(a, b ServedCount) int { return strings.Compare(a.Node, b.Node) })
 	if out.Served == nil {
 		out.Served = []ServedCount{}
+	}
+	if out.SetAside == nil {
+		out.SetAside = []SetAsideReplica{}
 	}
 	out.Hot = hotRows(answers)
 	return out, nil
@@ -332,4 +424,54 @@ func hotRows(answers []NodeStatus) []HotKeyRow {
 		return cmp.Or(strings.Compare(a.Table, b.Table), cmp.Compare(a.Shard, b.Shard), cmp.Compare(b.Rate, a.Rate), cmp.Compare(a.Key, b.Key))
 	})
 	return rows
+}
+
+// NodeServed is one node's served pulls summed over the levels: requests
+// by the role that served them, rows and refusals over all.
+type NodeServed struct {
+	Node                                string
+	AsLeader, AsFollower, AsReadReplica uint64
+	Rows, Refused                       uint64
+}
+
+// ServedByNode sums Served (sorted by node) into one row a node.
+func (st ClusterStatus) ServedByNode() []NodeServed {
+	var out []NodeServed
+	for _, s := range st.Served {
+		if len(out) == 0 || out[len(out)-1].Node != s.Node {
+			out = append(out, NodeServed{Node: s.Node})
+		}
+		n := &out[len(out)-1]
+		switch s.Role {
+		case "leader":
+			n.AsLeader += s.Requests
+		case "follower":
+			n.AsFollower += s.Requests
+		case "read-replica":
+			n.AsReadReplica += s.Requests
+		}
+		n.Rows += s.Rows
+		n.Refused += s.Refused
+	}
+	return out
+}
+
+// Chains picks, for each chain group in Replicas (sorted by group), the
+// replica with the newest configuration (highest epoch): the chain's order
+// as far as its members know.
+func (st ClusterStatus) Chains() []ReplicaStatus {
+	var out []ReplicaStatus
+	for _, r := range st.Replicas {
+		if r.Replication != "chain" {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Group == r.Group {
+			if r.ChainEpoch > out[n-1].ChainEpoch {
+				out[n-1] = r
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }

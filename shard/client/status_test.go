@@ -1,7 +1,9 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
+	"slices"
 	"testing"
 )
 
@@ -37,5 +39,43 @@ func TestHotRows(t *testing.T) {
 	}
 	if b, _ := json.Marshal(hotRows(nil)); string(b) != "[]" {
 		t.Errorf("no hot keys: JSON %s, want []", b)
+	}
+}
+
+func TestServedByNode(t *testing.T) {
+	st := ClusterStatus{Served: []ServedCount{
+		{Node: "n1", Role: "leader", Level: "linearizable", Requests: 100, Rows: 6400},
+		{Node: "n1", Role: "follower", Level: "bounded", Requests: 20, Rows: 1280, Refused: 2},
+		{Node: "n2", Role: "read-replica", Level: "eventual", Requests: 30, Rows: 30},
+	}}
+	got := st.ServedByNode()
+	want := []NodeServed{
+		{Node: "n1", AsLeader: 100, AsFollower: 20, Rows: 7680, Refused: 2},
+		{Node: "n2", AsReadReplica: 30, Rows: 30},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ServedByNode: %+v, want %+v", got, want)
+	}
+}
+
+// TestChains: each chain once, as the member with the newest configuration
+// has it, and the JSON carries the chain fields and the checksum.
+func TestChains(t *testing.T) {
+	sum := uint64(7)
+	st := ClusterStatus{Replicas: []ReplicaStatus{
+		{Group: "c/0", Node: "n1", Replication: "chain", ChainRole: "head", ChainEpoch: 3, ChainOrder: []string{"n1", "n2"}, Checksum: &sum},
+		{Group: "c/0", Node: "n2", Replication: "chain", ChainRole: "tail", ChainEpoch: 4, ChainOrder: []string{"n1", "n2", "n3"}},
+		{Group: "r/0", Node: "n1", State: "leader", Replication: "raft"},
+	}}
+	rows := st.Chains()
+	if len(rows) != 1 || rows[0].ChainEpoch != 4 || len(rows[0].ChainOrder) != 3 {
+		t.Errorf("Chains = %+v, want c/0 at epoch 4 with 3 members", rows)
+	}
+	b, _ := json.Marshal(st.Replicas[1])
+	if !bytes.Contains(b, []byte(`"chain_order":["n1","n2","n3"]`)) || !bytes.Contains(b, []byte(`"chain_epoch":4`)) {
+		t.Errorf("json %s lacks the chain's order or epoch", b)
+	}
+	if b, _ := json.Marshal(st.Replicas[0]); !bytes.Contains(b, []byte(`"checksum":7`)) {
+		t.Errorf("json %s lacks the checksum", b)
 	}
 }

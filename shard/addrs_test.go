@@ -2,6 +2,7 @@ package shard
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/raftps/raftps/shard/membership"
@@ -52,6 +53,19 @@ func TestGossipConfigDefaults(t *testing.T) {
 		}
 		if err != nil || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s: %+v, %v; want %+v", tc.name, got, err, tc.want)
+		}
+	}
+}
+
+func TestParsePeers(t *testing.T) {
+	got, err := ParsePeers(" n1=127.0.0.1:9001,,n2=127.0.0.1:9002 ")
+	want := []Peer{{"n1", "127.0.0.1:9001"}, {"n2", "127.0.0.1:9002"}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("ParsePeers = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"n1", "n1=", "=127.0.0.1:9001", "n1=a,n2"} {
+		if _, err := ParsePeers(bad); err == nil {
+			t.Errorf("ParsePeers(%q): no error", bad)
 		}
 	}
 }

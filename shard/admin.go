@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -32,8 +33,10 @@ const forwardedFromKey = "raftps-forwarded-from"
 // addresses it was given (--join), any of which may be a follower.
 func (s *peerService) JoinCluster(ctx context.Context, req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
 	n := s.n
-	if nd := req.Node; nd.GetId() == "" || nd.GetAddr() == "" || nd.GetPeerAddr() == "" {
-		return nil, n.toStatus(fmt.Errorf("%w: joining needs the node's ID, client address and peer address", api.ErrBadRequest))
+	// Checked before anything is proposed: an ID or address too long for
+	// an AppendEntries would stop the metadata group (Apply checks again).
+	if err := meta.CheckNode(req.GetNode()); err != nil {
+		return nil, n.toStatus(err)
 	}
 	if n.meta.Raft.State() == raft.Leader {
 		resp, err := n.joinCluster(req)
@@ -55,6 +58,13 @@ func (s *peerService) JoinCluster(ctx context.Context, req *shardpb.JoinClusterR
 // receives the map. This node must be the metadata leader.
 func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinClusterResponse, error) {
 	nd := req.Node
+	cluster, err := n.clusterIDOnLeader()
+	if err != nil {
+		return nil, fmt.Errorf("registering node %s: %w", nd.Id, err)
+	}
+	if req.ClusterId != "" && req.ClusterId != cluster {
+		return nil, fmt.Errorf("%w: node %s's data dir belongs to cluster %s, and this is cluster %s: give it an empty data dir to join this cluster", api.ErrClusterMismatch, nd.Id, req.ClusterId, cluster)
+	}
 	if _, err := n.applyMeta(meta.CmdRegisterNode, nd, fmt.Sprintf("registering node %s", nd.Id)); err != nil {
 		return nil, err
 	}
@@ -75,7 +85,7 @@ func (n *Node) joinCluster(req *shardpb.JoinClusterRequest) (*shardpb.JoinCluste
 		}
 		n.log.Info("node joined the cluster", "node", nd.Id, "addr", nd.Addr, "peer-addr", nd.PeerAddr)
 	}
-	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.Version()}, nil
+	return &shardpb.JoinClusterResponse{MapVersion: n.metaFSM.Version(), ClusterId: cluster}, nil
 }
 
 func (s *service) SetNodeAdmin(ctx context.Context, req *shardpb.SetNodeAdminRequest) (*shardpb.SetNodeAdminResponse, error) {
@@ -175,7 +185,7 @@ func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTab
 	if err != nil {
 		return nil, err
 	}
-	cmd := &shardpb.MetaCreateTable{Spec: spec}
+	cmd := &shardpb.MetaCreateTable{Spec: spec, MaxTables: uint32(min(n.cfg.MaxTables, math.MaxUint32)), MaxReplicasPerNode: uint32(min(n.cfg.MaxReplicasPerNode, math.MaxUint32))}
 	for s, reps := range res.Placement[spec.Name] {
 		cmd.Shards = append(cmd.Shards, &shardpb.ShardMap{Table: spec.Name, Shard: uint32(s), Replicas: reps, Epoch: 1})
 	}

@@ -167,6 +167,9 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 	id := meta.ShardMapKey(sm)
 	member := isReplica(sm, n.cfg.ID)
 	ch := n.Chain(sm.Table, sm.Shard)
+	if n.setAside.blocked(id, member) {
+		return // set aside: not reopened until the map removes this node (setaside.go)
+	}
 	switch {
 	case member && ch == nil:
 		delete(n.leftChains, id)
@@ -175,8 +178,14 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 			n.log.Error("table spec in metadata is invalid", "table", spec.Name, "error", err)
 			return
 		}
+		if err := n.prepareReplicaDir(n.chainDir(id), sm.Incarnation); err != nil {
+			n.log.Error("preparing chain replica directory", "group", id, "error", err)
+			return
+		}
 		if ch, err = n.openChain(id, cfg); err != nil {
-			n.log.Error("opening chain replica", "group", id, "error", err)
+			if !n.openFailed(id, n.chainDir(id), true, err) {
+				n.log.Error("opening chain replica", "group", id, "error", err)
+			}
 			return
 		}
 		n.log.Info("chain replica opened", "group", id, "epoch", sm.Epoch)
@@ -208,7 +217,7 @@ func (n *Node) reconcileChain(sm *shardpb.ShardMap, spec *shardpb.TableSpec, add
 func (n *Node) openChain(id string, cfg store.TableConfig) (*chain.Chain, error) {
 	ch, err := chain.Open(chain.Config{
 		ID: id, NodeAddr: n.cfg.PeerAddr, Dir: n.chainDir(id), Table: cfg, Mux: n.chainMux,
-		Logger: n.log.Named(id),
+		Space: n.disk, Logger: n.log.Named(id), Metrics: n.groupMetrics(id),
 	})
 	if err != nil {
 		return nil, err
@@ -238,6 +247,7 @@ func (n *Node) closeChain(id string, remove bool) {
 	if err := ch.Close(); err != nil {
 		n.log.Warn("closing chain replica", "group", id, "error", err)
 	}
+	n.metrics.Replication.Forget(id)
 	if remove {
 		if err := os.RemoveAll(n.chainDir(id)); err != nil {
 			n.log.Warn("deleting a moved-away chain replica", "group", id, "error", err)
@@ -279,6 +289,11 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 	ch, err := s.n.chainFor(spec, req.Shard, req.Epoch)
 	if err != nil {
 		return nil, s.n.toStatus(err)
+	}
+	if ch.Role() == chain.RoleHead {
+		if err := s.n.disk.Check(); err != nil {
+			return nil, s.n.toStatus(err)
+		}
 	}
 	dup, err := ch.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
@@ -358,7 +373,7 @@ func (n *Node) chainRead(ctx context.Context, ch *chain.Chain, keys []uint64, ou
 // head and "follower" elsewhere, so that tools reading Raft groups' status
 // (raftps chaos waits for each group's leader's applied index) read chains
 // alike; ChainRole has the real role.
-func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.ClusterMap, checksums bool) *shardpb.ReplicaStatus {
+func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.ClusterMap) *shardpb.ReplicaStatus {
 	idOf, clientOf := map[string]string{}, map[string]string{} // by peer address
 	for _, nd := range cm.Nodes {
 		idOf[nd.PeerAddr], clientOf[nd.PeerAddr] = nd.Id, nd.Addr
@@ -384,14 +399,6 @@ func chainStatus(ch *chain.Chain, table string, shard uint32, cm *shardpb.Cluste
 	rs.LastIndex = rs.AppliedIndex
 	t := ch.Table()
 	rs.Rows, rs.MemoryBytes = uint64(t.Len()), uint64(t.MemoryBytes())
-	if checksums {
-		// Only a checksum taken while nothing was applied belongs to the
-		// applied index reported.
-		sum := ch.Checksum()
-		if ch.AppliedIndex() == rs.AppliedIndex {
-			rs.Checksum, rs.HasChecksum = sum, true
-		}
-	}
 	return rs
 }
 
@@ -467,34 +474,58 @@ func (n *Node) statusOf(ctx context.Context, addr string) (*shardpb.StatusRespon
 // brokenReportTTL is how long a report counts without being repeated.
 const brokenReportTTL = 3 * reconcileInterval
 
-// brokenReports is the metadata leader's record of broken chain replicas.
+// brokenReports is the metadata leader's record of broken chain replicas
+// and of set-aside replicas (setaside.go) of either kind.
 // Concurrency: mu guards at.
 type brokenReports struct {
 	mu sync.Mutex
-	at map[string]time.Time // "group\x00node" -> last report
+	at map[string]brokenReport // "group\x00node" -> last report
 }
 
-func (b *brokenReports) add(group, node string, now time.Time) {
+// brokenReport is the last report of one replica: when, the shard's map
+// epoch the node had, and whether its files were set aside (rather than
+// its disk failing under it).
+type brokenReport struct {
+	at       time.Time
+	epoch    uint64
+	setAside bool
+}
+
+func (b *brokenReports) add(group, node string, r brokenReport) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.at == nil {
-		b.at = map[string]time.Time{}
+		b.at = map[string]brokenReport{}
 	}
-	b.at[group+"\x00"+node] = now
+	b.at[group+"\x00"+node] = r
 }
 
-// has reports whether node reported its replica of group broken less than
-// brokenReportTTL before now, and forgets stale reports.
-func (b *brokenReports) has(group, node string, now time.Time) bool {
+// get returns node's report of its replica of group if it is less than
+// brokenReportTTL older than now, and forgets stale reports.
+func (b *brokenReports) get(group, node string, now time.Time) (brokenReport, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := group + "\x00" + node
-	t, ok := b.at[k]
-	if ok && now.Sub(t) > brokenReportTTL {
+	r, ok := b.at[k]
+	if ok && now.Sub(r.at) > brokenReportTTL {
 		delete(b.at, k)
-		return false
+		return brokenReport{}, false
 	}
+	return r, ok
+}
+
+// has reports whether node reported its replica of group broken less than
+// brokenReportTTL before now.
+func (b *brokenReports) has(group, node string, now time.Time) bool {
+	_, ok := b.get(group, node, now)
 	return ok
+}
+
+// forget drops node's report about group: the scheduler acted on it.
+func (b *brokenReports) forget(group, node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.at, group+"\x00"+node)
 }
 
 // ReportBroken records a node's report of a broken chain replica (see
@@ -517,9 +548,13 @@ func (n *Node) takeBrokenReport(req *shardpb.ReportBrokenRequest) error {
 		return nil // removed already, or never there: nothing to do
 	}
 	if !n.broken.has(req.Group, req.NodeId, time.Now()) {
-		n.log.Warn("chain replica reported broken; removing it from the chain", "group", req.Group, "node", req.NodeId, "epoch", req.Epoch, "reason", req.Reason)
+		what := "chain replica reported broken; removing it from the chain"
+		if req.SetAside {
+			what = "replica reported set aside (its files failed their checks); removing it from the shard to rebuild it"
+		}
+		n.log.Warn(what, "group", req.Group, "node", req.NodeId, "epoch", req.Epoch, "reason", req.Reason)
 	}
-	n.broken.add(req.Group, req.NodeId, time.Now())
+	n.broken.add(req.Group, req.NodeId, brokenReport{at: time.Now(), epoch: req.Epoch, setAside: req.SetAside})
 	return nil
 }
 

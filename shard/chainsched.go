@@ -98,10 +98,14 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 	}
 	group := meta.ShardMapKey(sm)
 	dead := func(id string) bool {
-		if sc.n.broken.has(group, id, v.now) {
-			sc.mu.Lock()
-			sc.cooldown[id] = v.now.Add(addCooldown) // its disk may fail again
-			sc.mu.Unlock()
+		// A set-aside report counts at the epoch it was made in only: the
+		// removal bumps the epoch, and so does appending the node again.
+		if r, ok := sc.n.broken.get(group, id, v.now); ok && (!r.setAside || r.epoch == sm.Epoch) {
+			if !r.setAside {
+				sc.mu.Lock()
+				sc.cooldown[id] = v.now.Add(addCooldown) // its disk may fail again
+				sc.mu.Unlock()
+			}
 			return true
 		}
 		return v.chainDead(id)
@@ -116,7 +120,7 @@ func (sc *scheduler) chainRound(ctx context.Context, sm *shardpb.ShardMap, targe
 	if len(next) > len(sm.Replicas) {
 		*adds++
 	}
-	sc.start(ctx, sm, func(ctx context.Context) error {
+	sc.start(ctx, sm, "chain", func(ctx context.Context) error {
 		if len(sm.Replicas) > 0 && next[0] != sm.Replicas[0] {
 			if err := sc.n.chainCaughtUp(ctx, sm, next[0]); err != nil {
 				return err

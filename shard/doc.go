@@ -19,9 +19,20 @@
 //     the client API (shardpb.ParameterServer and server reflection) on
 //     Addr, and the peer API on PeerAddr: every Raft group's traffic
 //     (replication.Mux), every chain's (chain.Mux) and the node-to-node
-//     calls (shardpb.Peer: peer.go and the features' own handlers). It
-//     serves /healthz and /debug/pprof on an optional HTTP port, and
-//     /debug/netfault with NodeConfig.FaultInjection (faults.go).
+//     calls (shardpb.Peer: peer.go and the features' own handlers). Both
+//     servers run recoverOptions first (recover.go): a handler that panics
+//     answers Internal and logs one line with its stack; the node lives. It
+//     serves /healthz (and /debug/pprof with NodeConfig.Pprof,
+//     httpdebug.go) on an optional HTTP port, and /debug/netfault with
+//     NodeConfig.FaultInjection (faults.go) in test builds only
+//     (netfault_http_on.go, -tags raftps_faultinject).
+//   - Who may call what (security.go, peerauth.go): the gates of both
+//     listeners (shard/auth, with NodeConfig.Certs or Insecure), the node
+//     credentials it dials peers with, and the checks of every peer
+//     message against the sender's certificate and its groups: the Raft
+//     and chain transports' Authorize hooks and an interceptor for the
+//     Peer service. They read the cluster map and the groups' Raft
+//     configurations only, on the calls' goroutines.
 //   - Its address conventions (addrs.go): the peer and gossip addresses a
 //     node derives from its client address (DefaultPeerAddr,
 //     DefaultGossipAddr, GossipAddrOfPeer), and the gossip address and
@@ -85,6 +96,14 @@
 //     serve (job registry, AlterTable, node admin) are forwarded to it
 //     instead (onMetaLeader), one hop at most. PeerContact tells a client when this node last heard from
 //     another (peercontact.go).
+//   - Admission limits (limits.go): both listeners' server options in
+//     one function (Node.serverOptions: receive and send limits,
+//     MaxConcurrentStreams, the shard/internal/admission codec that
+//     refuses a message of too many repeated elements before decoding
+//     it), parts per batch, one answer budget per Pull or PullBatch
+//     checked before rows are allocated, batch parts served BatchWorkers
+//     at a time, and Status checksums read at most once per
+//     ChecksumInterval (checksums.go).
 //
 // The client (shard/client) dials any node, routes each key by the shard
 // map and the shards' leaders, and retries with the same (client, seq) so
@@ -110,10 +129,21 @@
 // replica's rows have their own mutexes, taken after hot.mu when both are.
 // hotLoop is the only goroutine that closes windows; each read replica has
 // one refresh goroutine, stopped by closing its stop channel under hot.mu.
-// Served counters are atomics.
+// Served counters are atomics. Status's checksum passes run one at a
+// time under checksumCache.mu's rule (checksums.go): callers that arrive
+// during a pass wait for it, later ones within the interval share it.
 //
 // Chain epoch confirmations and metadata barriers go through coalescers
 // (chainconfirm.go): at most one run in flight each, on a goroutine started
 // with Node.spawn; callers that arrive during a run share the next. The
-// metadata leader's broken-replica reports are under brokenReports.mu.
+// metadata leader's broken-replica reports are under brokenReports.mu, the
+// node's own set-aside replicas under setAsideSet.mu.
+//
+// Bad files and a full disk (setaside.go, disk.go, docs/RELIABILITY.md): a
+// replica whose files fail their checks at open is set aside (moved under
+// DataDir/set-aside), reported to the metadata leader, removed from its
+// shard and rebuilt from its peers as a repair; the node serves its other
+// replicas. The node's disk guard (package diskguard) refuses pushes with
+// reason DISK_FULL, and its transports refuse entries and oversized
+// snapshots, while the data disk is below its minimum free space.
 package shard

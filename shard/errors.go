@@ -7,6 +7,7 @@ import (
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/replication/chain"
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/diskguard"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc/codes"
 )
@@ -25,6 +26,7 @@ var internalErrors = []struct{ err, wire error }{
 	{replication.ErrGroupClosed, api.ErrGroupClosed},
 	{replication.ErrSequenceTooOld, api.ErrSequenceTooOld},
 	{replication.ErrBadRequest, api.ErrBadRequest},
+	{replication.ErrBadEntry, api.ErrBadEntry},
 	{chain.ErrNotMember, api.ErrNotMember},
 	{chain.ErrNotTail, api.ErrNotTail},
 	{chain.ErrStaleEpoch, api.ErrChainStaleEpoch},
@@ -38,6 +40,7 @@ var internalErrors = []struct{ err, wire error }{
 	{store.ErrDimMismatch, api.ErrDimMismatch},
 	{store.ErrNonFinite, api.ErrNonFinite},
 	{store.ErrTableFull, api.ErrTableFull},
+	{diskguard.ErrDiskFull, api.ErrDiskFull},
 }
 
 // reasonOf is the wire reason and gRPC code of a node's error: the first of

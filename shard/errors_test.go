@@ -20,7 +20,7 @@ import (
 // reason in the details decides, not the message: the message here names
 // another error's text on purpose.
 func TestErrorRoundTrip(t *testing.T) {
-	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "a1", PeerAddr: "p1"}, metaFSM: meta.New(func() {})}
+	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "a1:1", PeerAddr: "p1:1"}, metaFSM: meta.New(func() {})}
 	check := func(local, want error) {
 		t.Helper()
 		sent := fmt.Errorf("table %q: %w: detail mentioning %v", "t", local, api.ErrUnknownTable)
@@ -58,24 +58,24 @@ func TestErrorRoundTrip(t *testing.T) {
 // or none if the map does not know the node.
 func TestNotLeaderNamesTheClientAddress(t *testing.T) {
 	m := meta.New(func() {})
-	reg, err := meta.Encode(meta.CmdRegisterNode, &shardpb.ClusterNode{Id: "n2", Addr: "client-2", PeerAddr: "peer-2"})
+	reg, err := meta.Encode(meta.CmdRegisterNode, &shardpb.ClusterNode{Id: "n2", Addr: "client-2:1", PeerAddr: "peer-2:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err, ok := m.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: reg}).(error); ok {
 		t.Fatal(err)
 	}
-	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "client-1", PeerAddr: "peer-1"}, metaFSM: m}
+	n := &Node{cfg: NodeConfig{ID: "n1", Addr: "client-1:1", PeerAddr: "peer-1:1"}, metaFSM: m}
 	for _, tc := range []struct {
 		name     string
 		err      error
 		id, addr string
 	}{
-		{"raft", &replication.NotLeaderError{Group: "t/0", LeaderID: "n2", LeaderAddr: "peer-2"}, "n2", "client-2"},
-		{"raft, unknown ID", &replication.NotLeaderError{Group: "t/0", LeaderID: raft.ServerID("n9"), LeaderAddr: "peer-2"}, "n9", "client-2"},
-		{"raft, unknown node", &replication.NotLeaderError{Group: "t/0", LeaderID: "n9", LeaderAddr: "peer-9"}, "n9", ""},
-		{"chain head", &chain.NotHeadError{Group: "t/0", Head: "peer-2"}, "n2", "client-2"},
-		{"chain head, this node", &chain.NotHeadError{Group: "t/0", Head: "peer-1"}, "n1", "client-1"},
+		{"raft", &replication.NotLeaderError{Group: "t/0", LeaderID: "n2", LeaderAddr: "peer-2:1"}, "n2", "client-2:1"},
+		{"raft, unknown ID", &replication.NotLeaderError{Group: "t/0", LeaderID: raft.ServerID("n9"), LeaderAddr: "peer-2:1"}, "n9", "client-2:1"},
+		{"raft, unknown node", &replication.NotLeaderError{Group: "t/0", LeaderID: "n9", LeaderAddr: "peer-9:1"}, "n9", ""},
+		{"chain head", &chain.NotHeadError{Group: "t/0", Head: "peer-2:1"}, "n2", "client-2:1"},
+		{"chain head, this node", &chain.NotHeadError{Group: "t/0", Head: "peer-1:1"}, "n1", "client-1:1"},
 	} {
 		got := fromStatus(n.toStatus(fmt.Errorf("wrapped: %w", tc.err)))
 		var re *api.RemoteError

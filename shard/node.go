@@ -6,16 +6,19 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
+	"github.com/raftps/raftps/shard/certs"
+	"github.com/raftps/raftps/shard/diskguard"
 	"github.com/raftps/raftps/shard/membership"
 	"github.com/raftps/raftps/shard/meta"
+	"github.com/raftps/raftps/shard/metrics"
 	"github.com/raftps/raftps/shard/netfault"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,7 +28,6 @@ import (
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -33,6 +35,23 @@ import (
 type Peer struct {
 	ID       string
 	PeerAddr string
+}
+
+// ParsePeers reads a static cluster's members as "ID=PEER_ADDR,..." (raftps
+// server --peers); blanks between commas are skipped.
+func ParsePeers(s string) ([]Peer, error) {
+	var out []Peer
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(p, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("peer %q is not ID=PEER_ADDR", p)
+		}
+		out = append(out, Peer{ID: id, PeerAddr: addr})
+	}
+	return out, nil
 }
 
 // NodeConfig configures one raftps server process.
@@ -45,8 +64,13 @@ type NodeConfig struct {
 	ID       string
 	Addr     string
 	PeerAddr string
-	// HTTPAddr serves /healthz and /debug/pprof; empty disables it.
+	// HTTPAddr serves the dashboard, /metrics, /healthz and (with Pprof)
+	// /debug/pprof; empty disables it. With no host (":7101") it binds
+	// 127.0.0.1.
 	HTTPAddr string
+	// NoMetrics records no metrics and serves no /metrics: what the
+	// metrics cost is measured against it (make bench-metrics).
+	NoMetrics bool
 	// DataDir holds the metadata group and every shard replica, one directory
 	// each; a node restarted with the same DataDir resumes where it stopped.
 	DataDir string
@@ -68,6 +92,41 @@ type NodeConfig struct {
 	// Raft is the template for every group's Raft settings; ID, NodeID, Dir,
 	// Transport and Peers are filled in per group.
 	Raft replication.RaftConfig
+	// SharedLog gives every new shard replica its part of the node's shared
+	// log (replication.NodeLog: one bbolt file, group commit) instead of a
+	// raft-boltdb file of its own. Off by default: on this project's test
+	// machine it did not make the cluster's pushes faster
+	// (docs/BENCHMARKS.md, "The shared log"). Replicas keep the kind of log
+	// they were created with either way; a node with replicas in the shared
+	// log opens it whatever this says.
+	SharedLog bool
+	// BoltLogs gives every new shard replica a raft-boltdb file of its own
+	// (a bolt transaction and two fdatasyncs per append) instead of the
+	// default, a segment log of its own (replication.SegLog: append-only
+	// files, one write and one fdatasync per append; pushes 2x faster,
+	// docs/BENCHMARKS.md). The metadata group keeps raft-boltdb either way.
+	// SharedLog wins over both; replicas keep the kind of log they were
+	// created with.
+	BoltLogs bool
+	// GroupHeartbeatTimeout is the Raft heartbeat (and election) timeout
+	// of shard groups; Raft's fields are the metadata group's. A long one
+	// makes idle groups cheap (a leader heartbeats each follower every
+	// tenth of it) without slowing failover, which node liveness drives:
+	// the Mux pings every peer each PingInterval, and a follower whose
+	// leader's node is silent for ExpediteElection starts an election at
+	// once (docs/ARCHITECTURE.md, "Idle groups"). Zero means
+	// Raft.HeartbeatTimeout: with 1s an idle cluster's shard groups cost
+	// about half (docs/BENCHMARKS.md), but a clean-clone make test saw
+	// bounded tables without a completed read for 1.2 s after a leader
+	// kill, over chaos's 1 s limit, so it is not the default yet.
+	GroupHeartbeatTimeout time.Duration
+	// PingInterval and IdleAppendRefresh are the Mux's
+	// (replication.MuxConfig): how often a silent peer node is pinged,
+	// and how long an idle append may be answered from the follower's
+	// last answer. Zero means the replication package's defaults;
+	// negative turns each off.
+	PingInterval      time.Duration
+	IdleAppendRefresh time.Duration
 	// ExpediteElection is how long a shard leader's node may be silent
 	// before a follower here starts an election at once rather than on
 	// raft's randomised timer (replication.Group.ExpediteElection). Zero
@@ -80,30 +139,48 @@ type NodeConfig struct {
 	// appended again, so a moment's starvation should not cause one);
 	// negative leaves removals to gossip alone.
 	ChainSilence time.Duration
-	// MaxMessageBytes caps a client API message (default 64 MiB); larger
-	// requests are refused with ResourceExhausted. The peer listener has its
-	// own, larger limit (replication.MaxRaftMessageBytes).
-	MaxMessageBytes int
+	// Limits are the admission limits (limits.go): message sizes, batch
+	// parts, answer bytes, streams per connection. Zero fields get defaults.
+	Limits
+	// Quotas, enforced while this node leads the metadata group: the most
+	// tables the cluster may hold, shard replicas a table creation may
+	// leave on any one node, and jobs in the registry (defaults
+	// DefaultMaxTables, DefaultMaxReplicasPerNode, DefaultMaxJobs). A
+	// creation or join past one is refused with api.ErrQuotaExceeded.
+	MaxTables          int
+	MaxReplicasPerNode int
+	MaxJobs            int
 	// Gossip configures membership by memberlist: the gossip address
 	// (default: DefaultGossipAddr(Addr)) and whom to join (default: the
 	// gossip address of every peer and join address in the default layout,
 	// GossipAddrOfPeer).
 	Gossip membership.Config
-	// FaultInjection serves /debug/netfault on the HTTP port, through which
-	// a test blocks this node's traffic to chosen peers or makes it slow
-	// (package netfault): how raftps chaos partitions a cluster on one
-	// host. Off by default.
+	// DiskMinFree is the free space of DataDir's file system below which
+	// the node refuses pushes (ResourceExhausted, "disk full on ID") and
+	// its followers take no new log entries, until space returns (default
+	// diskguard.DefaultMinFree); DiskReserve the size of the reserve file
+	// it keeps in DataDir and deletes when the disk fills regardless
+	// (0: none). See package diskguard.
+	DiskMinFree uint64
+	DiskReserve uint64
+	// FaultInjection lets a test block this node's traffic to chosen peers
+	// or make it slow (package netfault; BlockPeers, SetDelay), and, in
+	// builds with FaultInjectionBuilt only, through /debug/netfault on the
+	// HTTP port: how raftps chaos partitions a cluster on one host. Off by
+	// default.
 	FaultInjection bool
-	Logger         hclog.Logger
+	// Certs is the node's certificate material (shard/certs): both
+	// listeners serve TLS 1.3 with it and the node presents it to its
+	// peers; every caller is authenticated and checked (docs/SECURITY.md).
+	// Required unless Insecure. Gossip's keys are Gossip.Keys.
+	Certs *certs.Source
+	// Insecure serves both listeners in plaintext and authenticates nobody
+	// (raftps server --insecure); the node says so in its log every minute.
+	Insecure bool
+	// Pprof serves /debug/pprof on the HTTP port.
+	Pprof  bool
+	Logger hclog.Logger
 }
-
-// DefaultMaxMessageBytes is the default cap on one client API message.
-const DefaultMaxMessageBytes = 64 << 20
-
-// clientSlackBytes is how far over MaxMessageBytes the client listener
-// admits a message, so that the handlers refuse it with a reason that names
-// the limit instead of gRPC's bare ResourceExhausted.
-const clientSlackBytes = 1 << 20
 
 // validate reports what is wrong with a config whose defaults are filled
 // in, naming the field and value at fault.
@@ -111,15 +188,25 @@ func (c NodeConfig) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("node config: %s", fmt.Sprintf(format, args...))
 	}
+	// The rules the metadata group applies to a registration
+	// (meta.CheckNode), checked before anything is opened.
+	if err := meta.CheckNode(&shardpb.ClusterNode{Id: c.ID, Addr: c.Addr, PeerAddr: c.PeerAddr}); err != nil {
+		return bad("%v", err)
+	}
 	switch {
-	case c.ID == "":
-		return bad("ID is empty")
-	case c.Addr == "":
-		return bad("Addr (the client address) is empty")
 	case c.PeerAddr == c.Addr:
 		return bad("PeerAddr and Addr are both %s: the client and peer APIs need an address each", c.Addr)
 	case c.DataDir == "":
 		return bad("DataDir is empty")
+	case c.Certs == nil && !c.Insecure:
+		return bad("no certificate material (Certs) and not Insecure")
+	case c.Certs != nil && c.Insecure:
+		return bad("both certificate material (Certs) and Insecure")
+	case !c.Insecure && len(c.Gossip.Keys) == 0:
+		return bad("no gossip keys (Gossip.Keys) and not Insecure: gossip would be plaintext")
+	}
+	if err := c.Limits.validate(); err != nil {
+		return err
 	}
 	ways := 0
 	for _, w := range []bool{len(c.Peers) > 0, c.Bootstrap, len(c.Join) > 0} {
@@ -141,8 +228,8 @@ func (c NodeConfig) validate() error {
 	seenID, seenAddr := map[string]bool{}, map[string]bool{}
 	self := false
 	for _, p := range c.Peers {
-		if p.ID == "" || p.PeerAddr == "" {
-			return bad("peer %q at %q: both ID and peer address are needed", p.ID, p.PeerAddr)
+		if err := meta.CheckNode(&shardpb.ClusterNode{Id: p.ID, Addr: p.PeerAddr, PeerAddr: p.PeerAddr}); err != nil {
+			return bad("peer %q at %q: %v", p.ID, p.PeerAddr, err)
 		}
 		if seenID[p.ID] || seenAddr[p.PeerAddr] {
 			return bad("peer %s=%s listed twice", p.ID, p.PeerAddr)
@@ -177,11 +264,16 @@ type Node struct {
 	mux                *replication.Mux
 	chainMux           *chain.Mux
 	fault              *netfault.Faults // nil unless NodeConfig.FaultInjection
+	disk               *diskguard.Guard
+	metrics            *metrics.Registry
 	meta               *replication.RaftReplica
 	metaFSM            *meta.FSM
 	members            *membership.Membership
 	// gossipAddr is the address this node gossips on.
 	gossipAddr string
+	// logs is the shared log of the node's shard replicas; nil unless
+	// SharedLog or the data dir has one.
+	logs *replication.NodeLog
 
 	mu     sync.RWMutex
 	groups map[string]*replication.Group // by api.GroupID
@@ -193,8 +285,10 @@ type Node struct {
 	metaVerifies  coalescer[struct{}, struct{}]
 	metaReadyTerm atomic.Uint64
 	confirmer     *chainConfirmer
-	// broken: as metadata leader, the chain replicas nodes reported broken.
-	broken brokenReports
+	// broken: as metadata leader, the chain replicas nodes reported broken
+	// and the replicas they set aside; setAside: this node's (setaside.go).
+	broken   brokenReports
+	setAside setAsideSet
 	// chains: this node's replicas of chain shards, by api.GroupID (chainnode.go).
 	chains map[string]*chain.Chain
 	// retired: groups this node closed because the map moved them away;
@@ -206,6 +300,11 @@ type Node struct {
 	// those the chain went on without are deleted. Only reconcileLoop uses
 	// it.
 	leftChains map[string]time.Time
+	// knownTables: the tables of the map the last reconcile round saw;
+	// sweepDue: the data dir is to be swept for replicas of dropped tables
+	// (lifecycle.go). Only reconcileLoop uses them.
+	knownTables map[string]bool
+	sweepDue    bool
 	// lastTransfer: when this node last handed a group's leadership to the
 	// map's preferred leader. Only reconcileLoop uses it.
 	lastTransfer map[string]time.Time
@@ -222,11 +321,23 @@ type Node struct {
 	served servedCounters
 	pushes atomic.Uint64 // pushes received (RAFTPS_TEST_BREAK=drop-acked-push)
 	hot    hotState
+	sums   checksumCache // Status's checksums (checksums.go)
 
 	// spawnMu guards stopping: goroutines started from request handlers
 	// (spawn) must not be added to wg once Close waits on it.
 	spawnMu  sync.Mutex
 	stopping bool
+
+	// identity is the data dir's (identity.go), guarded by identityMu;
+	// identityConfirmed: the metadata leader confirmed its cluster ID since
+	// start (only reconcileLoop uses it). failed is closed, with failErr
+	// set, when the node stops itself (fail).
+	identityMu        sync.Mutex
+	identity          dataIdentity
+	identityConfirmed bool
+	failOnce          sync.Once
+	failed            chan struct{}
+	failErr           error
 
 	kick   chan struct{} // the table list changed
 	closed chan struct{}
@@ -240,14 +351,21 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.RepairGrace <= 0 {
 		cfg.RepairGrace = DefaultRepairGrace
 	}
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = DefaultMaxMoves
+	}
+	if cfg.MaxTables <= 0 {
+		cfg.MaxTables = DefaultMaxTables
+	}
+	if cfg.MaxReplicasPerNode <= 0 {
+		cfg.MaxReplicasPerNode = DefaultMaxReplicasPerNode
+	}
+	if cfg.MaxJobs <= 0 {
+		cfg.MaxJobs = DefaultMaxJobs
 	}
 	if cfg.PeerAddr == "" && cfg.Addr != "" {
 		var err error
@@ -255,10 +373,25 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 			return nil, fmt.Errorf("node %s: peer address: %w", cfg.ID, err)
 		}
 	}
+	// A data dir of another node is the first thing to say, before any
+	// complaint about the rest of the config (which would be written for
+	// the wrong node anyway).
+	if cfg.DataDir != "" {
+		if id, ok, err := readIdentity(cfg.DataDir); err != nil || (ok && id.Node != cfg.ID) {
+			if err == nil {
+				_, err = openIdentity(cfg.DataDir, cfg.ID)
+			}
+			return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	identity, err := openIdentity(cfg.DataDir, cfg.ID)
+	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
 	lis, err := net.Listen("tcp", cfg.Addr)
@@ -274,36 +407,73 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis, peerLis: peerLis,
 		groups: map[string]*replication.Group{}, chains: map[string]*chain.Chain{},
 		retired: map[string]bool{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
-		leases: map[string]*readLease{},
-		kick:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
+		leases:  map[string]*readLease{},
+		kick:    make(chan struct{}, 1),
+		closed:  make(chan struct{}),
+		metrics: metrics.New(),
+		failed:  make(chan struct{}), identity: identity, sweepDue: true,
 	}
 	n.hot.init()
 	n.metaBarriers.fn = n.runMetaBarrier
 	n.metaVerifies.fn = n.runMetaVerify
 	n.confirmer = newChainConfirmer(n)
-	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.PeerAddr), Logger: n.log.Named("transport")}
-	if cfg.FaultInjection {
-		n.fault = netfault.New()
-		muxCfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(n.fault.Dial),
-			grpc.WithChainUnaryInterceptor(n.fault.UnaryClient)}
-	}
-	n.mux, err = replication.NewMux(muxCfg)
+	n.disk, err = diskguard.New(diskguard.Config{Dir: cfg.DataDir, NodeID: cfg.ID, MinFree: cfg.DiskMinFree, Reserve: cfg.DiskReserve, Logger: n.log.Named("disk")})
 	if err != nil {
 		lis.Close()
 		peerLis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	n.chainMux, err = chain.NewMux(chain.MuxConfig{LocalAddr: cfg.PeerAddr, DialOptions: muxCfg.DialOptions, Logger: n.log.Named("chain-transport")})
+	if cfg.SharedLog || fileExists(filepath.Join(cfg.DataDir, replication.NodeLogFile)) {
+		if n.logs, err = n.openNodeLog(); err != nil {
+			n.disk.Close()
+			lis.Close()
+			peerLis.Close()
+			return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+		}
+	}
+	muxCfg := replication.MuxConfig{LocalAddr: raft.ServerAddress(cfg.PeerAddr), Logger: n.log.Named("transport"),
+		Space: n.disk, SpaceExempt: []string{api.MetaGroupID},
+		PingInterval: cfg.PingInterval, IdleAppendRefresh: cfg.IdleAppendRefresh,
+		DialOptions: []grpc.DialOption{n.peerDialCreds()}, Authorize: n.authorizeRaft}
+	if cfg.FaultInjection {
+		// TLS runs over the faulty connection.
+		n.fault = netfault.New()
+		muxCfg.DialOptions = append(muxCfg.DialOptions, grpc.WithContextDialer(n.fault.Dial), grpc.WithChainUnaryInterceptor(n.fault.UnaryClient))
+	}
+	n.mux, err = replication.NewMux(muxCfg)
 	if err != nil {
+		n.closeNodeLog()
+		n.disk.Close()
+		lis.Close()
+		peerLis.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	n.chainMux, err = chain.NewMux(chain.MuxConfig{LocalAddr: cfg.PeerAddr, DialOptions: muxCfg.DialOptions, Authorize: n.authorizeChain, Logger: n.log.Named("chain-transport")})
+	if err != nil {
+		n.closeNodeLog()
+		n.mux.Close()
+		n.disk.Close()
+		lis.Close()
+		peerLis.Close()
+		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+	}
+	// Recovery first, so that it sees every panic below it; then the gates
+	// (security.go), so that nothing else runs for a call they refuse; then
+	// the listener's limits (serverOptions), then the metrics.
+	clientGate, peerGate, err := n.listenerOptions()
+	if err != nil {
+		n.closeNodeLog()
+		n.chainMux.Close()
 		n.mux.Close()
 		lis.Close()
 		peerLis.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
-	// The peer server admits Raft's messages (MaxRaftMessageBytes, more
-	// than a chain message's) and the transports' keepalive pings.
-	peerOpts, clientOpts := replication.ServerOptions(), []grpc.ServerOption{}
+	peerOpts := append(append(recoverOptions(n.log), peerGate...), n.serverOptions(true)...)
+	clientOpts := append(append(recoverOptions(n.log), clientGate...), n.serverOptions(false)...)
+	if !cfg.NoMetrics {
+		clientOpts = append(clientOpts, grpc.ChainUnaryInterceptor(n.metrics.UnaryServerInterceptor()))
+	}
 	if n.fault != nil {
 		peerOpts = append(peerOpts, grpc.ChainUnaryInterceptor(n.fault.UnaryServer))
 		clientOpts = append(clientOpts, grpc.ChainUnaryInterceptor(n.fault.UnaryServer))
@@ -312,12 +482,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.mux.Register(n.peerServer)
 	n.chainMux.Register(n.peerServer)
 	shardpb.RegisterPeerServer(n.peerServer, &peerService{n: n})
-	// The client server admits a little over MaxMessageBytes, so that a
-	// request just over the limit gets the handlers' own refusal, which
-	// names the limit and carries its reason (checkSize).
-	clientOpts = append(clientOpts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes+clientSlackBytes), grpc.MaxSendMsgSize(cfg.MaxMessageBytes+clientSlackBytes))
 	n.server = grpc.NewServer(clientOpts...)
 	shardpb.RegisterParameterServerServer(n.server, &service{n: n})
+	n.metrics.MustRegister(metrics.NewStatusCollector(func(ctx context.Context) (*shardpb.StatusResponse, error) {
+		return (&service{n: n}).Status(ctx, &shardpb.StatusRequest{})
+	}))
+	// Reflection on the client listener only, where the gate lets any
+	// authenticated caller use it; never on the peer listener.
 	reflection.Register(n.server)
 	n.metaFSM = meta.New(n.kickReconcile)
 	tr, err := n.mux.Transport(api.MetaGroupID)
@@ -325,6 +496,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
 	}
+	// Chain reads are confirmed by the metadata leader's VerifyLeader,
+	// which must count only answers its followers gave, without delay.
+	tr.SendEagerly()
 	var metaPeers []raft.Server
 	switch {
 	case len(cfg.Peers) > 0:
@@ -349,7 +523,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	for _, p := range cfg.Peers {
 		expect = append(expect, p.ID)
 	}
-	n.members, err = membership.New(gossip, membership.Local{ID: cfg.ID, Addr: cfg.Addr, Expect: expect, Faults: n.fault, Logger: n.log.Named("memberlist")})
+	n.members, err = membership.New(gossip, membership.Local{ID: cfg.ID, Addr: cfg.Addr, Expect: expect, Faults: n.fault, GossipAddrOf: n.gossipAddrOf, Logger: n.log.Named("memberlist")})
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -374,6 +548,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.wg.Go(n.schedulerLoop)
 	n.wg.Go(n.hotLoop)
 	n.wg.Go(n.expediteLoop)
+	if cfg.Insecure {
+		n.wg.Go(n.warnInsecure)
+	}
 	n.kickReconcile()
 	if cfg.HTTPAddr != "" {
 		if err := n.startHTTP(); err != nil {
@@ -386,91 +563,6 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		n.log.Error("RAFTPS_TEST_BREAK is set: this node has a deliberate bug, for testing the chaos checkers only", "break", testBreak)
 	}
 	return n, nil
-}
-
-// heartbeatTimeout is the Raft heartbeat timeout of this node's groups, the
-// default's if the config leaves it unset.
-func (n *Node) heartbeatTimeout() time.Duration {
-	if hb := n.cfg.Raft.HeartbeatTimeout; hb > 0 {
-		return hb
-	}
-	return replication.DefaultRaftConfig().HeartbeatTimeout
-}
-
-// chainSilence is NodeConfig.ChainSilence with its default applied.
-func (n *Node) chainSilence() time.Duration {
-	if s := n.cfg.ChainSilence; s != 0 {
-		return s
-	}
-	return max(2*n.heartbeatTimeout(), 500*time.Millisecond)
-}
-
-// expediteLoop checks every shard replica on this node, and its metadata
-// replica, for a silent leader a tenth of a heartbeat timeout apart: one
-// ticker for all groups. The metadata group's failover matters to chain
-// tables above all: their members are removed, and their reads confirmed,
-// by its leader.
-func (n *Node) expediteLoop() {
-	silence, hb := n.cfg.ExpediteElection, n.heartbeatTimeout()
-	if silence == 0 {
-		silence = hb
-	}
-	if silence < 0 {
-		return
-	}
-	t := time.NewTicker(max(hb/10, 5*time.Millisecond))
-	defer t.Stop()
-	var groups []*replication.Group
-	handedOver := map[string]time.Time{} // by group: when its slow leader here last handed over
-	for {
-		select {
-		case <-n.closed:
-			return
-		case <-t.C:
-		}
-		groups = groups[:0]
-		n.mu.RLock()
-		for _, g := range n.groups {
-			groups = append(groups, g)
-		}
-		n.mu.RUnlock()
-		for _, g := range groups {
-			if _, err := g.ExpediteElection(silence); err != nil {
-				n.log.Warn("expedited election", "error", err)
-			}
-			if g.SlowLeader() && time.Since(handedOver[g.ID()]) > leaderTransferEvery {
-				handedOver[g.ID()] = time.Now()
-				n.handOver(g)
-			}
-		}
-		if _, err := n.meta.ExpediteElection(silence); err != nil {
-			n.log.Warn("expedited election", "error", err)
-		}
-	}
-}
-
-// handOver makes g's leader here, too slow to confirm its leadership in
-// time (replication.Group.SlowLeader), hand leadership to another voter.
-func (n *Node) handOver(g *replication.Group) {
-	r := g.Raft()
-	n.log.Warn("leading too slowly: the last leadership checks each took over half the heartbeat timeout; handing leadership over", "group", g.ID())
-	n.spawn(func() {
-		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
-			n.log.Info("handing over the leadership of a slow leader", "group", g.ID(), "error", err)
-		}
-	})
-}
-
-// raftConfig is the Raft config of one of this node's groups; peers, if
-// set, bootstrap a group that has no state yet.
-func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Server) replication.RaftConfig {
-	rc := n.cfg.Raft
-	rc.ID, rc.NodeID, rc.Dir, rc.Transport = group, raft.ServerID(n.cfg.ID), dir, tr
-	rc.Peers = peers
-	if rc.Logger == nil {
-		rc.Logger = n.log.Named(group)
-	}
-	return rc
 }
 
 // spawn runs fn on a goroutine Close waits for, unless Close is already
@@ -554,10 +646,14 @@ func (n *Node) openGroup(id string, cfg store.TableConfig, peers []raft.Server) 
 	if err != nil {
 		return err
 	}
-	g, err := replication.OpenGroup(replication.GroupConfig{
-		RaftConfig: n.raftConfig(id, n.groupDir(id), tr, peers),
-		Table:      cfg,
-	})
+	rc := n.raftConfig(id, n.groupDir(id), tr, peers)
+	rc.SegLog = !n.cfg.BoltLogs
+	if n.cfg.SharedLog {
+		rc.NodeLog = n.logs
+	} else if n.logs != nil && replication.HasNodeLog(rc.Dir) {
+		rc.NodeLog = n.logs
+	}
+	g, err := replication.OpenGroup(replication.GroupConfig{RaftConfig: rc, Table: cfg})
 	if err != nil {
 		tr.Close()
 		return err
@@ -574,6 +670,15 @@ func (n *Node) openGroup(id string, cfg store.TableConfig, peers []raft.Server) 
 	return nil
 }
 
+// groupMetrics are the metrics of this node's replica of group id; nil
+// (record nothing) with NoMetrics.
+func (n *Node) groupMetrics(id string) *replication.GroupMetrics {
+	if n.cfg.NoMetrics {
+		return nil
+	}
+	return n.metrics.Replication.Group(id)
+}
+
 func (n *Node) groupDir(id string) string { return filepath.Join(n.cfg.DataDir, "groups", id) }
 
 // closeGroup closes this node's replica of a group (it stays on disk).
@@ -587,39 +692,8 @@ func (n *Node) closeGroup(id string) error {
 	}
 	err := g.Close()
 	n.dropLease(g)
+	n.metrics.Replication.Forget(id)
 	return err
-}
-
-func (n *Node) startHTTP() error {
-	lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("node %s: http: %w", n.cfg.ID, err)
-	}
-	mux := http.NewServeMux()
-	// Profiles are how performance work starts (docs/BENCHMARKS.md); the
-	// HTTP port is an operator's port, like /metrics, not a client API.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	if n.fault != nil {
-		mux.Handle("/debug/netfault", n.fault)
-	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if addr, _ := n.meta.Raft.LeaderWithID(); addr == "" {
-			http.Error(w, "no metadata leader", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	n.wg.Go(func() {
-		if err := n.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			n.log.Error("http server stopped", "error", err)
-		}
-	})
-	return nil
 }
 
 // Close stops the node: shard replicas, the metadata group, the servers.
@@ -652,6 +726,9 @@ func (n *Node) Close() error {
 				errs = append(errs, fmt.Errorf("meta: %w", err))
 			}
 		}
+		if err := n.closeNodeLog(); err != nil {
+			errs = append(errs, err)
+		}
 		if n.http != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = n.http.Shutdown(ctx)
@@ -675,6 +752,7 @@ func (n *Node) Close() error {
 		}
 		n.lis.Close()
 		n.peerLis.Close()
+		n.disk.Close()
 		n.spawnMu.Lock()
 		n.stopping = true
 		n.spawnMu.Unlock()

@@ -54,6 +54,12 @@ func (s *peerService) Forward(ctx context.Context, req *shardpb.ForwardRequest) 
 			r, err = n.joinJob(c.JoinJob)
 			out.Result = &shardpb.ForwardResponse_JoinJob{JoinJob: r}
 		}
+	case *shardpb.ForwardRequest_ReportEval:
+		if err = meta.CheckReportEval(c.ReportEval); err == nil {
+			var r *shardpb.ReportEvalResponse
+			r, err = n.reportEval(c.ReportEval)
+			out.Result = &shardpb.ForwardResponse_ReportEval{ReportEval: r}
+		}
 	case *shardpb.ForwardRequest_GetJob:
 		var r *shardpb.GetJobResponse
 		r, err = n.getJob(c.GetJob)
@@ -62,10 +68,26 @@ func (s *peerService) Forward(ctx context.Context, req *shardpb.ForwardRequest) 
 		var r *shardpb.DeleteJobResponse
 		r, err = n.deleteJob(c.DeleteJob)
 		out.Result = &shardpb.ForwardResponse_DeleteJob{DeleteJob: r}
+	case *shardpb.ForwardRequest_DropTable:
+		var r *shardpb.DropTableResponse
+		r, err = n.dropTable(c.DropTable)
+		out.Result = &shardpb.ForwardResponse_DropTable{DropTable: r}
 	case *shardpb.ForwardRequest_DescribeTable:
 		var r *shardpb.DescribeTableResponse
 		r, err = (&service{n: n}).describe(ctx, c.DescribeTable)
 		out.Result = &shardpb.ForwardResponse_DescribeTable{DescribeTable: r}
+	case *shardpb.ForwardRequest_PutToken:
+		var r *shardpb.CreateTokenResponse
+		r, err = n.putToken(ctx, c.PutToken)
+		out.Result = &shardpb.ForwardResponse_PutToken{PutToken: r}
+	case *shardpb.ForwardRequest_DeleteToken:
+		var r *shardpb.DeleteTokenResponse
+		r, err = n.deleteToken(ctx, c.DeleteToken)
+		out.Result = &shardpb.ForwardResponse_DeleteToken{DeleteToken: r}
+	case *shardpb.ForwardRequest_ListTokens:
+		var r *shardpb.ListTokensResponse
+		r, err = n.listTokens()
+		out.Result = &shardpb.ForwardResponse_ListTokens{ListTokens: r}
 	default:
 		err = fmt.Errorf("%w: node %s forwarded a call of no kind this node knows (%T)", api.ErrBadRequest, req.From, req.Call)
 	}

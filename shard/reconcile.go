@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -63,38 +64,55 @@ func (n *Node) reconcileLoop() {
 		case <-retry.C:
 		}
 		cm := n.metaFSM.ClusterMap()
-		n.register(cm)
+		if !n.identityConfirmed {
+			// No replica opens before the metadata leader has confirmed
+			// that this data dir is of its cluster (identity.go).
+			if n.identityConfirmed = n.confirmIdentity(cm); !n.identityConfirmed {
+				time.AfterFunc(100*time.Millisecond, n.kickReconcile)
+				continue
+			}
+		} else if _, err := n.register(cm, false); err != nil && errors.Is(err, api.ErrClusterMismatch) {
+			n.fail(err)
+			continue
+		}
+		n.checkClusterID()
 		known := map[string]string{}
 		for _, nd := range cm.Nodes {
 			known[nd.Id] = nd.GossipAddr
 		}
 		n.members.SetKnown(known)
 		n.reconcileGroups(cm)
+		n.reconcileDropped(cm)
 		n.reportBrokenChains()
+		n.reportSetAside()
 		n.balanceLeaders(cm)
 		n.repairDrift(cm)
 		n.gcRetired(cm)
 		n.gcLeftChains()
+		n.sweepNodeLog()
 		n.members.SetLocal(cm.Version, n.leaderCount())
 	}
 }
 
 // register asks the metadata leader to put this node in the map, unless the
-// map has it at its current addresses already.
-func (n *Node) register(cm *shardpb.ClusterMap) {
+// map has it at its current addresses already and force is false. The
+// request carries the data dir's cluster ID; the answer is the cluster's.
+func (n *Node) register(cm *shardpb.ClusterMap, force bool) (string, error) {
 	for _, nd := range cm.Nodes {
-		if nd.Id == n.cfg.ID && nd.Addr == n.cfg.Addr && nd.PeerAddr == n.cfg.PeerAddr && nd.GossipAddr == n.gossipAddr {
-			return
+		if !force && nd.Id == n.cfg.ID && nd.Addr == n.cfg.Addr && nd.PeerAddr == n.cfg.PeerAddr && nd.GossipAddr == n.gossipAddr {
+			return n.ClusterID(), nil
 		}
 	}
-	req := &shardpb.JoinClusterRequest{Node: &shardpb.ClusterNode{Id: n.cfg.ID, Addr: n.cfg.Addr, PeerAddr: n.cfg.PeerAddr, GossipAddr: n.gossipAddr}}
+	req := &shardpb.JoinClusterRequest{Node: &shardpb.ClusterNode{Id: n.cfg.ID, Addr: n.cfg.Addr, PeerAddr: n.cfg.PeerAddr, GossipAddr: n.gossipAddr}, ClusterId: n.ClusterID()}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if n.meta.Raft.State() == raft.Leader {
-		if _, err := n.joinCluster(req); err != nil {
+		resp, err := n.joinCluster(req)
+		if err != nil {
 			n.log.Warn("registering in the cluster map", "error", err)
+			return "", err
 		}
-		return
+		return resp.ClusterId, nil
 	}
 	addrs := slices.Clone(n.cfg.Join)
 	if a, _ := n.meta.Raft.LeaderWithID(); a != "" {
@@ -105,23 +123,26 @@ func (n *Node) register(cm *shardpb.ClusterMap) {
 			addrs = append(addrs, p.PeerAddr)
 		}
 	}
-	var last error
+	last := errors.New("no metadata leader known and no peer to ask")
 	for _, a := range addrs {
 		ps, err := n.peerStub(a)
 		if err != nil {
 			last = err
 			continue
 		}
-		if _, err := ps.JoinCluster(ctx, req); err != nil {
+		resp, err := ps.JoinCluster(ctx, req)
+		if err != nil {
 			last = fromStatus(err)
+			if errors.Is(last, api.ErrClusterMismatch) {
+				return "", last
+			}
 			continue
 		}
 		n.log.Info("registered in the cluster map", "via", a)
-		return
+		return resp.ClusterId, nil
 	}
-	if last != nil {
-		n.log.Debug("registering in the cluster map; retrying", "error", last)
-	}
+	n.log.Debug("registering in the cluster map; retrying", "error", last)
+	return "", last
 }
 
 // reconcileGroups opens and closes this node's replicas to match the map.
@@ -141,6 +162,9 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 		member := isReplica(sm, n.cfg.ID) || sm.Adding == n.cfg.ID
 		inMap[id] = member
 		open := n.Group(sm.Table, sm.Shard) != nil
+		if n.setAside.blocked(id, isReplica(sm, n.cfg.ID)) {
+			continue // set aside: not reopened until the map removes this node (setaside.go)
+		}
 		switch {
 		case member && !open:
 			spec := specs[sm.Table]
@@ -159,8 +183,14 @@ func (n *Node) reconcileGroups(cm *shardpb.ClusterMap) {
 				}
 			}
 			delete(n.retired, id)
+			if err := n.prepareReplicaDir(n.groupDir(id), sm.Incarnation); err != nil {
+				n.log.Error("preparing shard replica directory", "group", id, "error", err)
+				continue
+			}
 			if err := n.openGroup(id, cfg, peers); err != nil {
-				n.log.Error("opening shard replica", "group", id, "error", err)
+				if !n.openFailed(id, n.groupDir(id), false, err) {
+					n.log.Error("opening shard replica", "group", id, "error", err)
+				}
 			} else {
 				n.log.Info("shard replica opened", "group", id, "epoch", sm.Epoch, "bootstrap", len(peers) > 0)
 			}

@@ -283,7 +283,11 @@ func (sc *scheduler) round(ctx context.Context) {
 			continue
 		}
 		if unformed {
-			sc.start(ctx, sm, func(ctx context.Context) error { return sc.checkFormed(ctx, sm) })
+			sc.start(ctx, sm, "form", func(ctx context.Context) error { return sc.checkFormed(ctx, sm) })
+			continue
+		}
+		if rm := sc.setAsideReplica(sm, v.now); rm != "" {
+			sc.start(ctx, sm, "remove-set-aside", func(ctx context.Context) error { return sc.removeSetAside(ctx, sm, rm) })
 			continue
 		}
 		switch {
@@ -296,16 +300,16 @@ func (sc *scheduler) round(ctx context.Context) {
 					sc.mu.Unlock()
 					n.log.Warn("adding a replica keeps failing; giving up on the node for a while", "group", key, "node", sm.Adding, "cooldown", addCooldown)
 				}
-				sc.start(ctx, sm, func(ctx context.Context) error { return sc.abortAdd(ctx, sm) })
+				sc.start(ctx, sm, "abort-add", func(ctx context.Context) error { return sc.abortAdd(ctx, sm) })
 			} else {
-				sc.start(ctx, sm, func(ctx context.Context) error { return sc.finishAdd(ctx, sm) })
+				sc.start(ctx, sm, "finish-add", func(ctx context.Context) error { return sc.finishAdd(ctx, sm) })
 			}
 		case len(sm.Replicas) > len(target) || hasFailedExtra(sm, target, v):
 			rm := sc.pickRemoval(sm, target, v)
 			if rm == "" {
 				continue
 			}
-			sc.start(ctx, sm, func(ctx context.Context) error { return sc.remove(ctx, sm, rm) })
+			sc.start(ctx, sm, "remove", func(ctx context.Context) error { return sc.remove(ctx, sm, rm) })
 		default:
 			add := ""
 			for _, id := range target {
@@ -323,12 +327,12 @@ func (sc *scheduler) round(ctx context.Context) {
 					continue
 				}
 				adding[kind]++
-				sc.start(ctx, sm, func(ctx context.Context) error { return sc.beginAdd(ctx, sm, add) })
+				sc.start(ctx, sm, "add", func(ctx context.Context) error { return sc.beginAdd(ctx, sm, add) })
 				continue
 			}
 			if !slices.Equal(sm.Replicas, target) && reorders < n.cfg.MaxMoves {
 				reorders++
-				sc.start(ctx, sm, func(ctx context.Context) error {
+				sc.start(ctx, sm, "reorder", func(ctx context.Context) error {
 					_, err := sc.setShard(sm, target, "")
 					return err
 				})
@@ -376,7 +380,7 @@ func (sc *scheduler) pickRemoval(sm *shardpb.ShardMap, target []string, v *view)
 // start runs one step of one shard in its own goroutine, if the shard's
 // entry is still the one the step was decided from: a round reads the map
 // once, and a step of an earlier round may have changed the entry since.
-func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(ctx context.Context) error) {
+func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, kind string, step func(ctx context.Context) error) {
 	key := meta.ShardMapKey(sm)
 	sc.mu.Lock()
 	sc.inflight[key] = true
@@ -393,6 +397,7 @@ func (sc *scheduler) start(ctx context.Context, sm *shardpb.ShardMap, step func(
 		ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 		defer cancel()
 		err := step(ctx)
+		sc.n.metrics.Step(kind, err)
 		if sm.Adding != "" {
 			sc.mu.Lock()
 			if err != nil && ctx.Err() == nil && !errors.Is(err, api.ErrEpochChanged) {
@@ -482,6 +487,36 @@ func (sc *scheduler) remove(ctx context.Context, sm *shardpb.ShardMap, rm string
 	rest := slices.DeleteFunc(slices.Clone(sm.Replicas), func(id string) bool { return id == rm })
 	_, err := sc.setShard(sm, rest, "")
 	return err
+}
+
+// setAsideReplica returns a replica of sm's Raft group whose node reported
+// it set aside (setaside.go) at sm's epoch, or "". Not while a replica is
+// being added: that step finishes first, and the node reports again at the
+// new epoch.
+func (sc *scheduler) setAsideReplica(sm *shardpb.ShardMap, now time.Time) string {
+	if sm.Adding != "" {
+		return ""
+	}
+	for _, id := range sm.Replicas {
+		if r, ok := sc.n.broken.get(meta.ShardMapKey(sm), id, now); ok && r.setAside && r.epoch == sm.Epoch {
+			return id
+		}
+	}
+	return ""
+}
+
+// removeSetAside removes a replica whose node set its files aside from the
+// group, which the other replicas commit (the empty replica never votes:
+// its node does not open it while the map lists it). The group runs one
+// replica short until the scheduler adds one back, on that node if the
+// placement keeps it there, as a repair: a non-voter that catches up first.
+func (sc *scheduler) removeSetAside(ctx context.Context, sm *shardpb.ShardMap, rm string) error {
+	if err := sc.remove(ctx, sm, rm); err != nil {
+		return err
+	}
+	sc.n.broken.forget(meta.ShardMapKey(sm), rm)
+	sc.n.log.Info("set-aside replica removed from its group; it is rebuilt as a repair", "group", meta.ShardMapKey(sm), "node", rm)
+	return nil
 }
 
 // callShardLeader sends req to the leader of sm's group, trying its

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/raftps/raftps/shard/api"
@@ -214,8 +214,8 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	if len(keys) == 0 {
 		return nil, s.n.toStatus(fmt.Errorf("%w: pull of no keys", api.ErrBadRequest))
 	}
-	if need := len(keys) * int(spec.Dim) * 4; need > s.n.cfg.MaxMessageBytes {
-		return nil, s.n.toStatus(fmt.Errorf("%w: %d keys of dim %d need a %d-byte answer; the limit is %d", api.ErrRequestTooLarge, len(keys), spec.Dim, need, s.n.cfg.MaxMessageBytes))
+	if err := s.n.answerBudgetOf(ctx).take(len(keys), int(spec.Dim)); err != nil {
+		return nil, s.n.toStatus(err)
 	}
 	if req.Shard < spec.Shards && s.n.Group(req.Table, req.Shard) == nil && s.n.Chain(req.Table, req.Shard) == nil {
 		if out, ok, err := s.n.serveHot(spec, req.Shard, keys, level, bound); ok {
@@ -287,6 +287,13 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	if g == nil {
 		return s.chainPush(ctx, spec, req, keys, grads)
 	}
+	// Only the leader writes a push to its log: a follower's answer
+	// (NotLeader) sends the client to it.
+	if g.IsLeader() {
+		if err := s.n.disk.Check(); err != nil {
+			return nil, s.n.toStatus(err)
+		}
+	}
 	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
 	if err != nil {
 		return nil, s.n.toStatus(err)
@@ -294,51 +301,55 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	return &shardpb.PushResponse{Duplicate: dup}, nil
 }
 
-// PullBatch serves each part as Pull would. Parts run concurrently, so the
-// leadership checks of linearizable parts of different groups overlap.
+// PullBatch serves each part as Pull would. Parts run concurrently (up to
+// BatchWorkers at once), so the leadership checks of linearizable parts of
+// different groups overlap. The parts' answers share one MaxAnswerBytes.
 func (s *service) PullBatch(ctx context.Context, req *shardpb.PullBatchRequest) (*shardpb.PullBatchResponse, error) {
 	if err := s.checkSize("pull batch", req); err != nil {
 		return nil, s.n.toStatus(err)
 	}
-	parts, errs := serveParts(ctx, req.Parts, s.Pull)
+	if err := s.n.checkParts("pull batch", len(req.Parts)); err != nil {
+		return nil, s.n.toStatus(err)
+	}
+	keys := func(i int) (string, int) { return req.Parts[i].Table, len(req.Parts[i].Keys) / 8 }
+	if err := s.n.checkBatchAnswer(keys, len(req.Parts)); err != nil {
+		return nil, s.n.toStatus(err)
+	}
+	ctx = context.WithValue(ctx, answerBudgetKey{}, newAnswerBudget(s.n.cfg.MaxAnswerBytes))
+	parts, errs := serveParts(ctx, req.Parts, s.n.cfg.BatchWorkers, s.Pull)
 	return &shardpb.PullBatchResponse{Parts: parts, Errors: errs}, nil
 }
 
-// PushBatch serves each part as Push would, concurrently: parts of different
-// shards go to different groups' batchers and logs.
+// PushBatch serves each part as Push would, concurrently (up to
+// BatchWorkers at once): parts of different shards go to different groups'
+// batchers and logs.
 func (s *service) PushBatch(ctx context.Context, req *shardpb.PushBatchRequest) (*shardpb.PushBatchResponse, error) {
 	if err := s.checkSize("push batch", req); err != nil {
 		return nil, s.n.toStatus(err)
 	}
-	parts, errs := serveParts(ctx, req.Parts, s.Push)
+	if err := s.n.checkParts("push batch", len(req.Parts)); err != nil {
+		return nil, s.n.toStatus(err)
+	}
+	parts, errs := serveParts(ctx, req.Parts, s.n.cfg.BatchWorkers, s.Push)
 	return &shardpb.PushBatchResponse{Parts: parts, Errors: errs}, nil
 }
 
-// serveParts runs serve on every part concurrently. A failed part gets an
-// empty response and its status in errs (a repeated message field may hold
-// no nil); a part that succeeded gets a zero PartError.
+// serveParts runs serve on every part, workers at a time. A failed part
+// gets an empty response and its status in errs (a repeated message field
+// may hold no nil); a part that succeeded gets a zero PartError.
 func serveParts[Req any, Resp any, PResp interface {
 	*Resp
 	proto.Message
-}](ctx context.Context, parts []Req, serve func(context.Context, Req) (PResp, error)) ([]PResp, []*shardpb.PartError) {
+}](ctx context.Context, parts []Req, workers int, serve func(context.Context, Req) (PResp, error)) ([]PResp, []*shardpb.PartError) {
 	resps := make([]PResp, len(parts))
 	errs := make([]*shardpb.PartError, len(parts))
-	one := func(i int) {
+	replication.ServeBounded(len(parts), workers, func(i int) {
 		r, err := serve(ctx, parts[i])
 		if r == nil {
 			r = PResp(new(Resp))
 		}
 		resps[i], errs[i] = r, api.ToPartError(err)
-	}
-	if len(parts) == 1 {
-		one(0)
-		return resps, errs
-	}
-	var wg sync.WaitGroup
-	for i := range parts {
-		wg.Go(func() { one(i) })
-	}
-	wg.Wait()
+	})
 	return resps, errs
 }
 
@@ -430,18 +441,24 @@ func (s *service) ListTables(context.Context, *shardpb.ListTablesRequest) (*shar
 // entry may still commit, so a caller's retry must allow for it having been
 // applied (CreateTable's finds its table, JoinJob's its rank).
 func (n *Node) applyMeta(cmd byte, arg proto.Message, what string) (any, error) {
+	out, _, err := n.applyMetaAt(cmd, arg, what)
+	return out, err
+}
+
+// applyMetaAt is applyMeta that also returns the entry's log index.
+func (n *Node) applyMetaAt(cmd byte, arg proto.Message, what string) (any, uint64, error) {
 	b, err := meta.Encode(cmd, arg)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, 0, fmt.Errorf("%s: %w", what, err)
 	}
 	f := n.meta.Raft.Apply(b, 5*time.Second)
 	if err := f.Error(); err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", what, replication.ErrUnknownOutcome, err)
+		return nil, 0, fmt.Errorf("%s: %w: %w", what, replication.ErrUnknownOutcome, err)
 	}
 	if err, ok := f.Response().(error); ok {
-		return nil, err
+		return nil, 0, err
 	}
-	return f.Response(), nil
+	return f.Response(), f.Index(), nil
 }
 
 func (s *service) JoinJob(ctx context.Context, req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
@@ -471,8 +488,26 @@ func (s *service) DeleteJob(ctx context.Context, req *shardpb.DeleteJobRequest) 
 		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_DeleteJob{DeleteJob: req}}, (*shardpb.ForwardResponse).GetDeleteJob)
 }
 
+func (s *service) ReportEval(ctx context.Context, req *shardpb.ReportEvalRequest) (*shardpb.ReportEvalResponse, error) {
+	if err := meta.CheckReportEval(req); err != nil {
+		return nil, s.n.toStatus(err)
+	}
+	return onMetaLeader(ctx, s.n, func() (*shardpb.ReportEvalResponse, error) { return s.n.reportEval(req) },
+		&shardpb.ForwardRequest{Call: &shardpb.ForwardRequest_ReportEval{ReportEval: req}}, (*shardpb.ForwardResponse).GetReportEval)
+}
+
+func (n *Node) reportEval(req *shardpb.ReportEvalRequest) (*shardpb.ReportEvalResponse, error) {
+	if _, err := n.applyMeta(meta.CmdReportEval, req, fmt.Sprintf("recording an evaluation of job %q", req.Job)); err != nil {
+		return nil, err
+	}
+	return &shardpb.ReportEvalResponse{}, nil
+}
+
 func (n *Node) joinJob(req *shardpb.JoinJobRequest) (*shardpb.JoinJobResponse, error) {
-	out, err := n.applyMeta(meta.CmdJoinJob, req, fmt.Sprintf("joining job %q", req.Job))
+	if err := meta.CheckJobTables(req.Job, req.Tables); err != nil {
+		return nil, err
+	}
+	out, err := n.applyMeta(meta.CmdJoinJobV2, &shardpb.MetaJoinJob{Join: req, MaxJobs: uint32(min(n.cfg.MaxJobs, math.MaxUint32))}, fmt.Sprintf("joining job %q", req.Job))
 	if err != nil {
 		return nil, err
 	}
@@ -501,11 +536,18 @@ func (n *Node) deleteJob(req *shardpb.DeleteJobRequest) (*shardpb.DeleteJobRespo
 	return &shardpb.DeleteJobResponse{}, nil
 }
 
-func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
+// Status answers this node's view of the cluster. Checksums come from the
+// node's rate-limited checksum passes (checksums.go).
+func (s *service) Status(ctx context.Context, req *shardpb.StatusRequest) (*shardpb.StatusResponse, error) {
 	n := s.n
+	var sums map[string]replicaSum
+	if req.GetChecksums() {
+		sums = n.checksums(ctx)
+	}
 	cm := n.metaFSM.ClusterMap()
 	resp := &shardpb.StatusResponse{NodeId: n.cfg.ID, Addr: n.cfg.Addr, Jobs: n.metaFSM.JobList(), MapVersion: cm.Version,
-		Hot: n.hotShards(""), Served: n.served.snapshot()}
+		Hot: n.hotShards(""), Served: n.served.snapshot(), Load: n.metrics.Load(n.cfg.DataDir),
+		SetAside: n.setAside.status(), Disk: n.diskStatus(), MetaProcessed: n.metaFSM.Processed()}
 	resp.Replicas = append(resp.Replicas, n.replicaStatus(api.MetaGroupID, "", 0, n.meta.Raft, n.meta.Raft.AppliedIndex(), nil))
 	members := n.memberMap()
 	live := func(id string) bool {
@@ -536,18 +578,13 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 			resp.Moving = append(resp.Moving, sm)
 		}
 		if ch := n.Chain(sm.Table, sm.Shard); ch != nil {
-			resp.Replicas = append(resp.Replicas, chainStatus(ch, sm.Table, sm.Shard, cm, req.GetChecksums()))
+			rs := chainStatus(ch, sm.Table, sm.Shard, cm)
+			withSum(rs, sums)
+			resp.Replicas = append(resp.Replicas, rs)
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
 			rs := n.replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
-			if req.GetChecksums() {
-				// Only a checksum taken while nothing was applied belongs
-				// to the applied index reported.
-				sum := g.Table().Checksum()
-				if g.AppliedIndex() == rs.AppliedIndex {
-					rs.Checksum, rs.HasChecksum = sum, true
-				}
-			}
+			withSum(rs, sums)
 			resp.Replicas = append(resp.Replicas, rs)
 		}
 	}
@@ -578,6 +615,14 @@ func (s *service) Status(_ context.Context, req *shardpb.StatusRequest) (*shardp
 		resp.Nodes = append(resp.Nodes, info)
 	}
 	return resp, nil
+}
+
+// withSum sets rs's checksum from sums if it belongs to the applied index
+// rs reports.
+func withSum(rs *shardpb.ReplicaStatus, sums map[string]replicaSum) {
+	if s, ok := sums[api.GroupID(rs.Table, rs.Shard)]; ok && s.applied == rs.AppliedIndex {
+		rs.Checksum, rs.HasChecksum = s.sum, true
+	}
 }
 
 // replicaStatus is a Raft replica's status line; it names the leader by

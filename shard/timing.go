@@ -1,0 +1,139 @@
+package shard
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication"
+	"github.com/raftps/raftps/shard/api"
+)
+
+// A node's Raft timing: the heartbeat and election timeouts of its groups,
+// the expedited elections that replace a leader whose node went silent, and
+// the config each group is opened with.
+
+// heartbeatTimeout is the Raft heartbeat timeout of this node's groups, the
+// default's if the config leaves it unset.
+func (n *Node) heartbeatTimeout() time.Duration {
+	if hb := n.cfg.Raft.HeartbeatTimeout; hb > 0 {
+		return hb
+	}
+	return replication.DefaultRaftConfig().HeartbeatTimeout
+}
+
+// chainSilence is NodeConfig.ChainSilence with its default applied.
+func (n *Node) chainSilence() time.Duration {
+	if s := n.cfg.ChainSilence; s != 0 {
+		return s
+	}
+	return max(2*n.heartbeatTimeout(), 500*time.Millisecond)
+}
+
+// expediteLoop checks every shard replica on this node, and its metadata
+// replica, for a silent leader a tenth of a heartbeat timeout apart: one
+// ticker for all groups. The metadata group's failover matters to chain
+// tables above all: their members are removed, and their reads confirmed,
+// by its leader.
+func (n *Node) expediteLoop() {
+	silence, hb := n.cfg.ExpediteElection, n.heartbeatTimeout()
+	if silence == 0 {
+		silence = hb
+	}
+	if silence < 0 {
+		return
+	}
+	t := time.NewTicker(max(hb/10, 5*time.Millisecond))
+	defer t.Stop()
+	var groups []*replication.Group
+	handedOver := map[string]time.Time{} // by group: when its slow leader here last handed over
+	last := time.Now()
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-t.C:
+		}
+		// A tick this late means this process was stalled (a loaded
+		// machine): peers' messages are still queued unread, and their
+		// silence is this node's own.
+		stalled := time.Since(last) > silence/2
+		last = time.Now()
+		silent := !stalled && n.mux.AnySilent(silence)
+		groups = groups[:0]
+		n.mu.RLock()
+		for _, g := range n.groups {
+			groups = append(groups, g)
+		}
+		n.mu.RUnlock()
+		for _, g := range groups {
+			// Only a silent peer node can be a silent leader's.
+			if silent {
+				if _, err := g.ExpediteElection(silence); err != nil {
+					n.log.Warn("expedited election", "error", err)
+				}
+			}
+			if g.SlowLeader() && time.Since(handedOver[g.ID()]) > leaderTransferEvery {
+				handedOver[g.ID()] = time.Now()
+				n.handOver(g)
+			}
+		}
+		if !silent {
+			continue
+		}
+		if _, err := n.meta.ExpediteElection(silence); err != nil {
+			n.log.Warn("expedited election", "error", err)
+		}
+	}
+}
+
+// handOver makes g's leader here, too slow to confirm its leadership in
+// time (replication.Group.SlowLeader), hand leadership to another voter.
+func (n *Node) handOver(g *replication.Group) {
+	r := g.Raft()
+	n.log.Warn("leading too slowly: the last leadership checks each took over half the heartbeat timeout; handing leadership over", "group", g.ID())
+	n.spawn(func() {
+		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
+			n.log.Info("handing over the leadership of a slow leader", "group", g.ID(), "error", err)
+		}
+	})
+}
+
+// Shard groups' Raft timing (NodeConfig.GroupHeartbeatTimeout).
+const (
+	// groupLeaderLease is a shard leader's lease: it steps down when no
+	// majority answered it for this long. Idle, its followers answer an
+	// append every commit timeout (50–100 ms) and a heartbeat every tenth
+	// of the heartbeat timeout, so 300 ms leaves a margin of three for a
+	// busy machine; a leader cut off steps down within twice it.
+	groupLeaderLease = 300 * time.Millisecond
+)
+
+// groupTiming is rc with the shard groups' timing: GroupHeartbeatTimeout
+// for the heartbeat and election timeouts, groupLeaderLease (at most the
+// heartbeat timeout) for the lease.
+func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
+	hb := n.cfg.GroupHeartbeatTimeout
+	if hb <= 0 {
+		return rc
+	}
+	rc.HeartbeatTimeout, rc.ElectionTimeout = hb, hb
+	rc.LeaderLeaseTimeout = min(max(groupLeaderLease, rc.LeaderLeaseTimeout), hb)
+	return rc
+}
+
+// raftConfig is the Raft config of one of this node's groups; peers, if
+// set, bootstrap a group that has no state yet.
+func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Server) replication.RaftConfig {
+	rc := n.cfg.Raft
+	if group != api.MetaGroupID {
+		rc = n.groupTiming(rc)
+	}
+	rc.ID, rc.NodeID, rc.Dir, rc.Transport = group, raft.ServerID(n.cfg.ID), dir, tr
+	rc.Peers = peers
+	rc.OnNoSpace = func() bool { return n.disk.Release("a Raft term or vote found the disk full") }
+	rc.Metrics = n.groupMetrics(group)
+	if rc.Logger == nil {
+		rc.Logger = n.log.Named(group)
+	}
+	return rc
+}

@@ -48,8 +48,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(cf.addrs()) == 0 {
 		return fail(stderr, "bench", fmt.Errorf("no cluster given: pass --cluster or set RAFTPS_CLUSTER"))
 	}
-	if !*hedge {
-		bc.Client = func(c *client.Config) { c.HedgeAfter = -1 }
+	creds, err := cf.tls.dialOptions()
+	if err != nil {
+		return fail(stderr, "bench", err)
+	}
+	bc.Client = func(c *client.Config) {
+		c.DialOptions = append(c.DialOptions, creds...)
+		if !*hedge {
+			c.HedgeAfter = -1
+		}
 	}
 	res, err := bench.Run(context.Background(), cf.addrs(), bc, stderr)
 	if err != nil {

@@ -13,10 +13,11 @@ import (
 	"github.com/raftps/raftps/shard/certs"
 )
 
-const certUsage = `usage: raftps cert create-ca|create-node|create-client|list --certs-dir D [flags]
+const certUsage = `usage: raftps cert create-ca|create-node|create-client|init|list --certs-dir D [flags]
   create-ca      a new CA (ca.crt, ca.key) and gossip key (gossip.key)
   create-node    node.ID.crt/.key: --id n1 --host 10.0.0.1,n1.example
   create-client  client.NAME.crt/.key: --name trainer --role reader|writer|admin
+  init           what is missing of a CA, nodes and clients (idempotent): --node n1=HOST,HOST --client admin=admin
   list           every certificate in D: identity, role, hosts, expiry, problems`
 
 // runCert makes and lists certificate material; the work is package
@@ -48,11 +49,13 @@ func runCert(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&role, "role", "", "reader (pull, describe, status), writer (+ push, jobs) or admin (+ tables, nodes, job deletion) (required)")
 	case "list":
 		fs.BoolVar(&asJSON, "json", false, "print JSON on stdout")
+	case "init":
+		return certInit(fs, args[1:], dir, stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, certUsage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "raftps cert: unknown subcommand %q (want create-ca, create-node, create-client or list)\n", verb)
+		fmt.Fprintf(stderr, "raftps cert: unknown subcommand %q (want create-ca, create-node, create-client, init or list)\n", verb)
 		return 2
 	}
 	if rc := parse(fs, args[1:], stderr); rc >= 0 {

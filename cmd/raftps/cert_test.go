@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,7 +19,7 @@ func TestCertCommand(t *testing.T) {
 		code     int
 		out, err string
 	}{
-		{[]string{"cert"}, 2, "", "usage: raftps cert create-ca|create-node|create-client|list"},
+		{[]string{"cert"}, 2, "", "usage: raftps cert create-ca|create-node|create-client|init|list"},
 		{[]string{"cert", "frob"}, 2, "", `unknown subcommand "frob"`},
 		{[]string{"cert", "create-node", "-h"}, 0, "", "-host"},
 		{[]string{"cert", "create-client", "-h"}, 0, "", "-role"},
@@ -46,5 +47,38 @@ func TestCertCommand(t *testing.T) {
 		if code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errb.String(), tc.err) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.out, tc.err)
 		}
+	}
+}
+
+// TestCertInit: init makes what is missing and keeps what exists, so the
+// compose file's certs service may run it on every start.
+func TestCertInit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	runInit := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := run(append([]string{"cert", "init", "--certs-dir", dir}, args...), &out, &errb); code != 0 {
+			t.Fatalf("cert init %v: exit %d: %s", args, code, errb.String())
+		}
+		return out.String()
+	}
+	first := runInit("--node", "n1=127.0.0.1,n1", "--client", "ops=admin")
+	if !strings.Contains(first, "made a CA") || !strings.Contains(first, "made node n1") || !strings.Contains(first, "made client ops") {
+		t.Errorf("first init: %q", first)
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := runInit("--node", "n1=127.0.0.1,n1", "--node", "n2=127.0.0.2", "--client", "ops=admin")
+	if second != "made node n2's certificate for 127.0.0.2\n" {
+		t.Errorf("second init made %q, want only n2's", second)
+	}
+	if again, _ := os.ReadFile(filepath.Join(dir, "ca.crt")); !bytes.Equal(again, ca) {
+		t.Error("the second init replaced the CA")
+	}
+	var errb bytes.Buffer
+	if code := run([]string{"cert", "init", "--certs-dir", dir, "--client", "ops=root"}, &bytes.Buffer{}, &errb); code != 1 || !strings.Contains(errb.String(), "want NAME=ROLE") {
+		t.Errorf("a bad role: exit %d, %q", code, errb.String())
 	}
 }

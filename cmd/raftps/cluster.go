@@ -40,7 +40,8 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	base := fs.Int("base-port", 7001, "client port of the first node; node K uses base+K-1, its HTTP port base+100+K-1, its gossip port base+1000+K-1, its peer port base+2000+K-1")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the cluster to serve")
-	extra := fs.String("server-args", "", "extra arguments for every server, space-separated (e.g. \"--heartbeat-timeout 300ms\")")
+	extra := fs.String("server-args", "", "extra arguments for every server, space-separated (e.g. \"--heartbeat-timeout 300ms\"); \"--insecure\" runs the cluster without certificates")
+	caDir := fs.String("ca-dir", "", "sign the cluster's certificates with the CA in this directory (ca.crt, ca.key, gossip.key) instead of a new one in DIR/certs: clusters of one CA share their clients' credentials")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
@@ -48,13 +49,13 @@ func clusterUp(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "cluster up", fmt.Errorf("--dir is required and --nodes must be at least 1"))
 	}
 	c, err := localcluster.Up(localcluster.UpConfig{Dir: *dir, Nodes: *n, Host: *host, BasePort: *base,
-		ServerArgs: strings.Fields(*extra), Wait: *wait, Progress: stderr})
+		ServerArgs: strings.Fields(*extra), CADir: *caDir, Wait: *wait, Progress: stderr})
 	if err != nil {
 		return fail(stderr, "cluster up", err)
 	}
 	addrs := strings.Join(c.Addrs(), ",")
 	fmt.Fprintf(stdout, "cluster of %d nodes serving at %s\n", len(c.Nodes), addrs)
-	fmt.Fprintf(stdout, "  export RAFTPS_CLUSTER=%s\n  raftps status\n  raftps cluster down --dir %s\n", addrs, *dir)
+	fmt.Fprintf(stdout, "  . %s\n  raftps status\n  raftps cluster down --dir %s\n", filepath.Join(*dir, "env"), *dir)
 	return 0
 }
 
@@ -68,10 +69,7 @@ func clusterAdd(args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
-	if *dir == "" {
-		return fail(stderr, "cluster add", fmt.Errorf("--dir is required"))
-	}
-	c, err := localcluster.Load(*dir)
+	c, err := loadCluster(*dir)
 	if err != nil {
 		return fail(stderr, "cluster add", err)
 	}
@@ -94,10 +92,7 @@ func clusterDown(args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
-	if *dir == "" {
-		return fail(stderr, "cluster down", fmt.Errorf("--dir is required"))
-	}
-	c, err := localcluster.Load(*dir)
+	c, err := loadCluster(*dir)
 	if err != nil {
 		return fail(stderr, "cluster down", err)
 	}
@@ -117,14 +112,11 @@ func clusterNode(verb string, args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
-	if *dir == "" {
-		return fail(stderr, "cluster "+verb, fmt.Errorf("--dir is required"))
+	c, err := loadCluster(*dir)
+	if err == nil {
+		_, err = c.Node(id)
 	}
-	c, err := localcluster.Load(*dir)
 	if err != nil {
-		return fail(stderr, "cluster "+verb, err)
-	}
-	if _, err := c.Node(id); err != nil {
 		return fail(stderr, "cluster "+verb, err)
 	}
 	if verb == "kill" {
@@ -139,4 +131,12 @@ func clusterNode(verb string, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "restarted %s\n", id)
 	return 0
+}
+
+// loadCluster loads the local cluster of --dir.
+func loadCluster(dir string) (*localcluster.Cluster, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("--dir is required")
+	}
+	return localcluster.Load(dir)
 }

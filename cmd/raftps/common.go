@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/raftps/raftps/shard/client"
 )
 
@@ -15,11 +16,15 @@ import (
 type clusterFlags struct {
 	cluster string
 	json    bool
+	tls     clientTLSFlags
+	// metrics, if set, gets the client's metrics (--metrics-addr).
+	metrics prometheus.Registerer
 }
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.cluster, "cluster", os.Getenv("RAFTPS_CLUSTER"), "comma-separated gRPC addresses of cluster nodes (default $RAFTPS_CLUSTER)")
 	fs.BoolVar(&c.json, "json", false, "print JSON on stdout")
+	c.tls.register(fs)
 }
 
 func (c *clusterFlags) addrs() []string {
@@ -36,7 +41,24 @@ func (c *clusterFlags) client() (*client.Client, error) {
 	if len(c.addrs()) == 0 {
 		return nil, fmt.Errorf("no cluster given: pass --cluster ADDR[,ADDR...] or set RAFTPS_CLUSTER")
 	}
-	return client.New(client.DefaultConfig(c.addrs()...))
+	cfg, err := c.config()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg)
+}
+
+// config is the client configuration of the flags: the addresses and the
+// credentials.
+func (c *clusterFlags) config() (client.Config, error) {
+	cfg := client.DefaultConfig(c.addrs()...)
+	cfg.Metrics = c.metrics
+	opts, err := c.tls.dialOptions()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.DialOptions = append(cfg.DialOptions, opts...)
+	return cfg, nil
 }
 
 // parse parses args; it returns the exit status to use if parsing ended the

@@ -4,9 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"strings"
 	"time"
+
+	"github.com/raftps/raftps/test/localcluster"
 )
 
 // healthTimeout bounds the whole request: a container healthcheck must not
@@ -26,29 +26,9 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "raftps health: takes no arguments (usage: raftps health [--http ADDR])")
 		return 2
 	}
-	if err := checkHealth(*addr); err != nil {
+	if err := localcluster.CheckHealth(*addr, healthTimeout); err != nil {
 		return fail(stderr, "health", err)
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *addr)
 	return 0
-}
-
-// checkHealth returns nil if http://addr/healthz answers 200 within
-// healthTimeout, else why not.
-func checkHealth(addr string) error {
-	hc := http.Client{Timeout: healthTimeout}
-	resp, err := hc.Get("http://" + addr + "/healthz")
-	if err != nil {
-		return fmt.Errorf("%s: no answer: %v", addr, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		msg := strings.TrimSpace(string(body))
-		if msg == "" {
-			msg = "(no body)"
-		}
-		return fmt.Errorf("%s: unhealthy: %s: %s", addr, resp.Status, msg)
-	}
-	return nil
 }

@@ -22,7 +22,7 @@ var commands = map[string]command{
 	"version": {"print the build's version and module versions", runVersion},
 	"server":  {"run a node: raftps server --id n1 --addr A --data-dir D --bootstrap | --join P,Q | --peers n1=P,n2=Q,n3=R (peer addresses)", runServer},
 	"node":    {"change a node's admin state: raftps node drain [--wait]|remove|activate NODE", runNode},
-	"table":   {"create, alter, list or describe tables: raftps table create|alter NAME ...", runTable},
+	"table":   {"create, alter, drop, list or describe tables: raftps table create|alter|drop NAME ...", runTable},
 	"pull":    {"print rows: raftps pull TABLE KEY...", runPull},
 	"status":  {"show nodes (liveness, admin state, replicas, leaders, pulls served), shards being moved, every replica's state, and with --hot the hot keys", runStatus},
 	"bench":   {"measure pull/push rows/s and latency against a cluster", runBench},
@@ -30,7 +30,9 @@ var commands = map[string]command{
 	"train":   {"train a CTR model on synthetic data against the cluster: raftps train --model lr|dlrm", runTrain},
 	"chaos":   {"inject faults into a cluster under a checked workload and report what was lost: raftps chaos --target local:DIR|docker:PROJECT", runChaos},
 	"cluster": {"run a local cluster of separate processes: raftps cluster up|add|down|kill NODE|restart NODE --dir D", runCluster},
+	"token":   {"make, list and revoke bearer tokens (admin): raftps token create --name N --role reader|writer|admin | list | revoke ID|NAME", runToken},
 	"cert":    {"make and list certificates: raftps cert create-ca|create-node|create-client|list --certs-dir D", runCert},
+	"data":    {"write data sets: raftps data synthetic --examples N --seed S --out FILE (Criteo TSV of the planted model, with its Bayes-optimal AUC)", runData},
 	"health":  {"exit 0 if a node's /healthz answers 200 (for container healthchecks): raftps health [--http ADDR]", runHealth},
 }
 

@@ -47,10 +47,25 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	for _, m := range st.Moving {
 		fmt.Fprintf(tw, "  %s/%d adding %s (replicas %s)\n", m.Table, m.Shard, m.Adding, strings.Join(m.Replicas, ","))
 	}
+	for _, n := range st.Nodes {
+		if n.Disk != nil && n.Disk.Full {
+			fmt.Fprintf(tw, "DISK FULL on %s: pushes refused: %s\n", n.ID, n.Disk.Reason)
+		}
+	}
+	if len(st.SetAside) > 0 {
+		fmt.Fprintf(tw, "set-aside replicas (corrupt files, moved away and rebuilt from peers): %d\n", len(st.SetAside))
+		for _, a := range st.SetAside {
+			state := "waiting for its removal from the shard"
+			if a.Reopened {
+				state = "removed from its shard: a new replica is rebuilt from peers (there or elsewhere)"
+			}
+			fmt.Fprintf(tw, "  %s on %s at %s: %s; files in %s; %s\n", a.Group, a.Node, a.At.UTC().Format(time.RFC3339), a.Reason, a.MovedTo, state)
+		}
+	}
 	if len(st.Served) > 0 {
 		fmt.Fprintln(tw, "\nNODE\tPULLS AS LEADER\tAS FOLLOWER\tAS READ-REPLICA\tROWS\tREFUSED")
-		for _, s := range servedByNode(st.Served) {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", s.node, s.requests[0], s.requests[1], s.requests[2], s.rows, s.refused)
+		for _, s := range st.ServedByNode() {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", s.Node, s.AsLeader, s.AsFollower, s.AsReadReplica, s.Rows, s.Refused)
 		}
 	}
 	sumHead := ""
@@ -72,7 +87,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d%s\n", r.Group, r.Node, state, r.Leader, r.Term, r.Applied, r.Commit, r.Last, r.Rows, sum)
 	}
-	if chains := chainRows(st.Replicas); len(chains) > 0 {
+	if chains := st.Chains(); len(chains) > 0 {
 		fmt.Fprintln(tw, "\nCHAIN\tEPOCH\tORDER (head → tail)")
 		for _, c := range chains {
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", c.Group, c.ChainEpoch, strings.Join(c.ChainOrder, " → "))
@@ -108,54 +123,4 @@ func printHot(w io.Writer, rows []client.HotKeyRow) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", r.Table, r.Shard, r.Key, r.Rate, ids)
 	}
 	tw.Flush()
-}
-
-// nodeServed sums one node's served counters over the levels: requests by
-// role (leader, follower, read-replica), rows and refusals over all.
-type nodeServed struct {
-	node          string
-	requests      [3]uint64
-	rows, refused uint64
-}
-
-// servedByNode sums served, which is sorted by node, into one row a node.
-func servedByNode(served []client.ServedCount) []nodeServed {
-	var out []nodeServed
-	for _, s := range served {
-		if len(out) == 0 || out[len(out)-1].node != s.Node {
-			out = append(out, nodeServed{node: s.Node})
-		}
-		n := &out[len(out)-1]
-		switch s.Role {
-		case "leader":
-			n.requests[0] += s.Requests
-		case "follower":
-			n.requests[1] += s.Requests
-		case "read-replica":
-			n.requests[2] += s.Requests
-		}
-		n.rows += s.Rows
-		n.refused += s.Refused
-	}
-	return out
-}
-
-// chainRows picks, for each chain group, the replica with the newest
-// configuration (highest epoch): the chain's order as far as its members
-// know. replicas are sorted by group.
-func chainRows(replicas []client.ReplicaStatus) []client.ReplicaStatus {
-	var out []client.ReplicaStatus
-	for _, r := range replicas {
-		if r.Replication != "chain" {
-			continue
-		}
-		if n := len(out); n > 0 && out[n-1].Group == r.Group {
-			if r.ChainEpoch > out[n-1].ChainEpoch {
-				out[n-1] = r
-			}
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
 }

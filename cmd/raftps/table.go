@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,7 +16,7 @@ import (
 
 func runTable(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: raftps table create|alter|list|describe ...")
+		fmt.Fprintln(stderr, "usage: raftps table create|alter|drop|list|describe ...")
 		return 2
 	}
 	switch args[0] {
@@ -29,19 +28,19 @@ func runTable(args []string, stdout, stderr io.Writer) int {
 		return tableDescribe(args[1:], stdout, stderr)
 	case "alter":
 		return tableAlter(args[1:], stdout, stderr)
+	case "drop":
+		return tableDrop(args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "raftps table: unknown subcommand %q (want create, alter, list or describe)\n", args[0])
+	fmt.Fprintf(stderr, "raftps table: unknown subcommand %q (want create, alter, drop, list or describe)\n", args[0])
 	return 2
 }
 
-// parseConsistency reads --consistency: linearizable, eventual or
-// bounded:DURATION.
-func parseConsistency(s string) (client.Consistency, error) {
-	c, err := client.ParseConsistency(s)
-	if err != nil {
-		return c, fmt.Errorf("--consistency: %w", err)
+// parseConsistency reads --consistency: linearizable, eventual or bounded:DURATION.
+func parseConsistency(s string) (c client.Consistency, err error) {
+	if c, err = client.ParseConsistency(s); err != nil {
+		err = fmt.Errorf("--consistency: %w", err)
 	}
-	return c, nil
+	return c, err
 }
 
 // Help texts of the hot-key flags, shared by table create and table alter.
@@ -49,21 +48,6 @@ const (
 	hotThresholdHelp = "pulls a second of one key (over all replicas of its shard) from which it is hot and read replicas outside the shard serve it too; 0 turns hot-key detection off"
 	hotReplicasHelp  = "read replicas of each shard's hot keys (0: the server's default, 2; at most 16)"
 )
-
-// checkHot refuses hot-key settings the server would refuse, or silently
-// drop (read replicas without a threshold), before anything is sent.
-func checkHot(threshold float64, replicas uint) error {
-	if math.IsNaN(threshold) || math.IsInf(threshold, 0) || threshold < 0 {
-		return fmt.Errorf("--hot-threshold %v: want pulls a second >= 0 (0 turns hot keys off)", threshold)
-	}
-	if replicas > api.MaxHotReplicas {
-		return fmt.Errorf("--hot-replicas %d: want 0..%d", replicas, api.MaxHotReplicas)
-	}
-	if threshold == 0 && replicas > 0 {
-		return fmt.Errorf("--hot-replicas %d without a --hot-threshold: hot keys are off, so there would be no read replicas", replicas)
-	}
-	return nil
-}
 
 // hotSetting is a table's hot-key setting as describe and list print it.
 func hotSetting(s client.TableSpec) string {
@@ -105,9 +89,6 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	}
 	if *dim <= 0 {
 		return fail(stderr, "table create", fmt.Errorf("--dim is required (1..4096)"))
-	}
-	if err := checkHot(*hotThreshold, *hotReplicas); err != nil {
-		return fail(stderr, "table create", err)
 	}
 	if *repl != api.ReplicationRaft && *repl != api.ReplicationChain {
 		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, api.ReplicationRaft, api.ReplicationChain))
@@ -225,128 +206,38 @@ func printDescribe(stdout io.Writer, d client.TableInfo, asJSON bool) {
 	tw.Flush()
 }
 
-// alterFlags are the flags table alter was given; nil: not given. Whether a
-// flag was given matters, not just its value: --hot-threshold 0 turns hot
-// keys off, and a hot flag left out keeps the table's setting.
-type alterFlags struct {
-	consistency  *string
-	hotThreshold *float64
-	hotReplicas  *uint
-}
-
-// register defines the flags on fs. Their defaults are placeholders: only
-// the flags given change the table (see given).
-func (a *alterFlags) register(fs *flag.FlagSet) {
-	a.consistency = fs.String("consistency", "", "new level: linearizable, bounded:DURATION (10ms..1h) or eventual")
-	a.hotThreshold = fs.Float64("hot-threshold", 0, hotThresholdHelp+" (default: the table's)")
-	a.hotReplicas = fs.Uint("hot-replicas", 0, "read replicas of each shard's hot keys (default: the table's; at most 16)")
-}
-
-// given drops the flags the parsed command line did not set.
-func (a *alterFlags) given(fs *flag.FlagSet) {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !set["consistency"] {
-		a.consistency = nil
-	}
-	if !set["hot-threshold"] {
-		a.hotThreshold = nil
-	}
-	if !set["hot-replicas"] {
-		a.hotReplicas = nil
-	}
-}
-
-// check validates the flags before any call to the cluster.
-func (a alterFlags) check() error {
-	if a.consistency == nil && a.hotThreshold == nil && a.hotReplicas == nil {
-		return errors.New("nothing to change: give --consistency, --hot-threshold and/or --hot-replicas")
-	}
-	if a.consistency != nil {
-		if _, err := parseConsistency(*a.consistency); err != nil {
-			return err
-		}
-	}
-	// A flag left out is checked against the table's spec in request.
-	if a.hotThreshold != nil && a.hotReplicas != nil {
-		return checkHot(*a.hotThreshold, *a.hotReplicas)
-	}
-	if a.hotThreshold != nil {
-		return checkHot(*a.hotThreshold, 0)
-	}
-	if a.hotReplicas != nil && *a.hotReplicas > api.MaxHotReplicas {
-		return fmt.Errorf("--hot-replicas %d: want 0..%d", *a.hotReplicas, api.MaxHotReplicas)
-	}
-	return nil
-}
-
-// needsSpec says whether request needs the table's current spec: the
-// server sets both hot-key settings at once, so one given alone is paired
-// with the table's other one.
-func (a alterFlags) needsSpec() bool {
-	return (a.hotThreshold == nil) != (a.hotReplicas == nil)
-}
-
-// alterPlan is what table alter changes: the level (nil: keeps it), and
-// with hot both hot-key settings.
-type alterPlan struct {
-	consistency *client.Consistency
-	hot         bool
-	threshold   float64
-	replicas    int
-}
-
-func (p alterPlan) options() []client.AlterOption {
+// alterOptions are the changes of the alter flags the command line gave
+// (fs parsed): a flag left out keeps the table's setting, and one given as
+// 0 is a change (--hot-threshold 0 turns hot keys off).
+func alterOptions(fs *flag.FlagSet, cons string, threshold float64, replicas uint) ([]client.AlterOption, error) {
 	var opts []client.AlterOption
-	if p.consistency != nil {
-		opts = append(opts, client.SetConsistency(*p.consistency))
-	}
-	if p.hot {
-		opts = append(opts, client.SetHotKeys(p.threshold, p.replicas))
-	}
-	return opts
-}
-
-// plan is the change for a table whose spec is cur (only read if
-// needsSpec).
-func (a alterFlags) plan(name string, cur *client.TableSpec) (alterPlan, error) {
-	var p alterPlan
-	if err := a.check(); err != nil {
-		return p, err
-	}
-	if a.needsSpec() && cur == nil {
-		return p, fmt.Errorf("table %q: its current spec is needed to change one hot-key setting alone", name)
-	}
-	if a.consistency != nil {
-		c, _ := parseConsistency(*a.consistency)
-		p.consistency = &c
-	}
-	switch {
-	case a.hotThreshold != nil && a.hotReplicas != nil:
-		p.threshold, p.replicas = *a.hotThreshold, int(*a.hotReplicas)
-	case a.hotThreshold != nil:
-		p.threshold = *a.hotThreshold
-		// Turning hot keys off drops the read replicas; otherwise the
-		// table's count stays (0 if they were off: the server's default).
-		if p.threshold > 0 {
-			p.replicas = cur.HotReplicas
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "consistency":
+			var c client.Consistency
+			if c, err = parseConsistency(cons); err == nil {
+				opts = append(opts, client.SetConsistency(c))
+			}
+		case "hot-threshold":
+			opts = append(opts, client.SetHotThreshold(threshold))
+		case "hot-replicas":
+			opts = append(opts, client.SetHotReplicas(int(replicas)))
 		}
-	case a.hotReplicas != nil:
-		if cur.HotThreshold <= 0 {
-			return p, fmt.Errorf("table %q has hot keys off: give --hot-threshold with --hot-replicas", name)
-		}
-		p.threshold, p.replicas = cur.HotThreshold, int(*a.hotReplicas)
+	})
+	if err == nil && len(opts) == 0 {
+		err = errors.New("nothing to change: give --consistency, --hot-threshold and/or --hot-replicas")
 	}
-	p.hot = a.hotThreshold != nil || a.hotReplicas != nil
-	return p, nil
+	return opts, err
 }
 
 func tableAlter(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps table alter NAME", flag.ContinueOnError)
 	var cf clusterFlags
 	cf.register(fs)
-	var a alterFlags
-	a.register(fs)
+	cons := fs.String("consistency", "", "new level: linearizable, bounded:DURATION (10ms..1h) or eventual")
+	threshold := fs.Float64("hot-threshold", 0, hotThresholdHelp+" (default: the table's)")
+	replicas := fs.Uint("hot-replicas", 0, "read replicas of each shard's hot keys (default: the table's; at most 16)")
 	name, rest, rc := nameArg(fs, args, "raftps table alter NAME [--consistency C] [--hot-threshold RATE] [--hot-replicas N] [flags]", stderr)
 	if rc >= 0 {
 		return rc
@@ -354,8 +245,8 @@ func tableAlter(args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, rest, stderr); rc >= 0 {
 		return rc
 	}
-	a.given(fs)
-	if err := a.check(); err != nil {
+	opts, err := alterOptions(fs, *cons, *threshold, *replicas)
+	if err != nil {
 		return fail(stderr, "table alter", err)
 	}
 	cl, err := cf.client()
@@ -364,19 +255,7 @@ func tableAlter(args []string, stdout, stderr io.Writer) int {
 	}
 	defer cl.Close()
 	ctx := context.Background()
-	var cur *client.TableSpec
-	if a.needsSpec() {
-		d, err := cl.Tables().Describe(ctx, name)
-		if err != nil {
-			return fail(stderr, "table alter", err)
-		}
-		cur = &d.Spec
-	}
-	p, err := a.plan(name, cur)
-	if err != nil {
-		return fail(stderr, "table alter", err)
-	}
-	spec, err := cl.Tables().Alter(ctx, name, p.options()...)
+	spec, err := cl.Tables().Alter(ctx, name, opts...)
 	if err != nil {
 		return fail(stderr, "table alter", err)
 	}
@@ -389,6 +268,33 @@ func tableAlter(args []string, stdout, stderr io.Writer) int {
 	}
 	d.Spec = spec
 	printDescribe(stdout, d, cf.json)
+	return 0
+}
+
+func tableDrop(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("raftps table drop NAME", flag.ContinueOnError)
+	var cf clusterFlags
+	cf.register(fs)
+	force := fs.Bool("force", false, "drop the table even while a trainer job in the registry uses it")
+	name, rest, rc := nameArg(fs, args, "raftps table drop NAME [--force] [flags]", stderr)
+	if rc >= 0 {
+		return rc
+	}
+	if rc := parse(fs, rest, stderr); rc >= 0 {
+		return rc
+	}
+	cl, err := cf.client()
+	if err != nil {
+		return fail(stderr, "table drop", err)
+	}
+	defer cl.Close()
+	if err := cl.Tables().Drop(context.Background(), name, *force); err != nil {
+		if errors.Is(err, client.ErrTableInUse) {
+			err = fmt.Errorf("%w (--force drops it anyway)", err)
+		}
+		return fail(stderr, "table drop", err)
+	}
+	fmt.Fprintf(stdout, "table %s dropped\n", name)
 	return 0
 }
 
@@ -463,16 +369,12 @@ func pullOptions(cons string, allowWeaker bool) ([]client.PullOption, error) {
 	if allowWeaker {
 		opts = append(opts, client.AllowWeaker())
 	}
-	if cons == "" {
-		return opts, nil
-	}
-	c, err := parseConsistency(cons)
-	if err != nil {
-		return nil, err
-	}
-	opts = append(opts, client.WithConsistency(c.Level))
-	if c.Level == client.Bounded {
-		opts = append(opts, client.WithStaleness(c.Bound))
+	if cons != "" {
+		c, err := parseConsistency(cons)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.AtConsistency(c))
 	}
 	return opts, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"flag"
-	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -57,91 +56,43 @@ func TestHotSetting(t *testing.T) {
 	}
 }
 
-func TestCheckHot(t *testing.T) {
+// TestAlterOptions: only the flags given become changes, 0 given is a
+// change, and nothing given or a bad level is refused before any call.
+func TestAlterOptions(t *testing.T) {
 	for _, tc := range []struct {
-		threshold float64
-		replicas  uint
-		err       string
-	}{
-		{0, 0, ""},
-		{1000, 0, ""},
-		{1000, 16, ""},
-		{1000, 17, "want 0..16"},
-		{-1, 0, "want pulls a second >= 0"},
-		{0, 2, "without a --hot-threshold"},
-	} {
-		err := checkHot(tc.threshold, tc.replicas)
-		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("checkHot(%v, %d) = %v, want %q", tc.threshold, tc.replicas, err, tc.err)
-		}
-	}
-}
-
-// alterOf parses the flags of table alter as the command does.
-func alterOf(t *testing.T, args ...string) alterFlags {
-	t.Helper()
-	fs := flag.NewFlagSet("alter", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var a alterFlags
-	a.register(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatalf("%v: %v", args, err)
-	}
-	a.given(fs)
-	return a
-}
-
-func TestAlterPlan(t *testing.T) {
-	hot := &client.TableSpec{Name: "t", HotThreshold: 500, HotReplicas: 3}
-	off := &client.TableSpec{Name: "t"}
-	bounded := client.Consistency{Level: client.Bounded, Bound: 250 * time.Millisecond}
-	lin := client.Consistency{Level: client.Linearizable}
-	for _, tc := range []struct {
-		args      []string
-		needsSpec bool
-		cur       *client.TableSpec
-		want      alterPlan
-		err       string
+		args []string
+		n    int
+		err  string
 	}{
 		{args: nil, err: "nothing to change"},
-		{args: []string{"--consistency", "bounded:250ms"}, want: alterPlan{consistency: &bounded}},
-		{args: []string{"--consistency", "linearizable"}, want: alterPlan{consistency: &lin}},
-		{args: []string{"--hot-threshold", "1000", "--hot-replicas", "4"}, want: alterPlan{hot: true, threshold: 1000, replicas: 4}},
-		// One hot flag alone keeps the table's other setting.
-		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: hot, want: alterPlan{hot: true, threshold: 2000, replicas: 3}},
-		{args: []string{"--hot-replicas", "5"}, needsSpec: true, cur: hot, want: alterPlan{hot: true, threshold: 500, replicas: 5}},
-		{args: []string{"--hot-threshold", "2000"}, needsSpec: true, cur: off, want: alterPlan{hot: true, threshold: 2000}},
-		// 0 given is not the same as not given: it turns hot keys off.
-		{args: []string{"--hot-threshold", "0"}, needsSpec: true, cur: hot, want: alterPlan{hot: true}},
-		{args: []string{"--hot-replicas", "2"}, needsSpec: true, cur: off, err: "has hot keys off"},
-		{args: []string{"--hot-threshold", "0", "--hot-replicas", "2"}, err: "without a --hot-threshold"},
-		{args: []string{"--hot-threshold", "-3"}, needsSpec: true, err: "want pulls a second >= 0"},
-		{args: []string{"--hot-replicas", "20"}, needsSpec: true, err: "want 0..16"},
+		{args: []string{"--consistency", "bounded:250ms"}, n: 1},
+		{args: []string{"--hot-threshold", "0"}, n: 1},
+		{args: []string{"--hot-threshold", "1000", "--hot-replicas", "4", "--consistency", "eventual"}, n: 3},
 		{args: []string{"--consistency", "sometimes"}, err: "want linearizable"},
 	} {
-		a := alterOf(t, tc.args...)
-		if got := a.needsSpec(); got != tc.needsSpec {
-			t.Errorf("%v: needsSpec %v, want %v", tc.args, got, tc.needsSpec)
+		fs := flag.NewFlagSet("alter", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cons := fs.String("consistency", "", "")
+		threshold := fs.Float64("hot-threshold", 7, "")
+		replicas := fs.Uint("hot-replicas", 7, "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
 		}
-		p, err := a.plan("t", tc.cur)
+		opts, err := alterOptions(fs, *cons, *threshold, *replicas)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%v: error %v, want %q", tc.args, err, tc.err)
 			}
 			continue
 		}
-		if err != nil {
-			t.Errorf("%v: %v", tc.args, err)
-			continue
-		}
-		if fmt.Sprint(p.consistency) != fmt.Sprint(tc.want.consistency) || p.hot != tc.want.hot || p.threshold != tc.want.threshold || p.replicas != tc.want.replicas {
-			t.Errorf("%v: plan %+v, want %+v", tc.args, p, tc.want)
+		if err != nil || len(opts) != tc.n {
+			t.Errorf("%v: %d options, %v; want %d", tc.args, len(opts), err, tc.n)
 		}
 	}
 }
 
 func TestPullOptions(t *testing.T) {
-	if o, err := pullOptions("bounded:50ms", true); err != nil || len(o) != 3 {
+	if o, err := pullOptions("bounded:50ms", true); err != nil || len(o) != 2 {
 		t.Errorf("bounded:50ms --allow-weaker: %d options, %v", len(o), err)
 	}
 	if o, err := pullOptions("", false); err != nil || len(o) != 0 {

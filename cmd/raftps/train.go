@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -10,10 +9,9 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"os/exec"
 	"strings"
 
+	"github.com/raftps/raftps/test/localcluster"
 	"github.com/raftps/raftps/trainer"
 )
 
@@ -24,6 +22,8 @@ type trainConfig struct {
 	hidden string // dlrm hidden sizes, comma-separated
 	peers  string // static collective addresses by rank
 	quiet  bool
+	// metricsAddr: --metrics-addr.
+	metricsAddr string
 }
 
 func (tc *trainConfig) register(fs *flag.FlagSet) {
@@ -55,6 +55,7 @@ func (tc *trainConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&tc.peers, "peers", "", "collective addresses of every trainer, by rank (host:port,...); empty: trainers find each other through the cluster")
 	fs.StringVar(&tc.Listen, "listen", "127.0.0.1:0", "collective listen address this trainer registers with the cluster (must be reachable by the other trainers)")
 	fs.BoolVar(&tc.quiet, "quiet", false, "no progress output")
+	fs.StringVar(&tc.metricsAddr, "metrics-addr", "", "serve Prometheus metrics (steps, examples, latencies, eval AUC) at http://ADDR/metrics; with --trainers, trainer k serves at the port + k")
 }
 
 func runTrain(args []string, stdout, stderr io.Writer) int {
@@ -77,7 +78,7 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 		tc.World = len(tc.Peers)
 	}
 	tc.Job = cmp.Or(tc.Job, "train_"+tc.Model)
-	var children *trainerProcs
+	var children *localcluster.Children
 	if *trainers > 1 {
 		tc.World, tc.Rank = *trainers, 0
 	}
@@ -86,24 +87,32 @@ func runTrain(args []string, stdout, stderr io.Writer) int {
 	}
 	if *trainers > 1 {
 		var err error
-		if children, err = startTrainers(args, *trainers, stderr); err != nil {
+		if children, err = startTrainers(args, *trainers, tc.metricsAddr, stderr); err != nil {
 			return fail(stderr, "train", err)
 		}
+	}
+	progress := io.Writer(stderr)
+	if tc.quiet {
+		progress = io.Discard
+	}
+	if tc.metricsAddr != "" {
+		reg, stop, err := trainer.ServeMetrics(tc.metricsAddr, progress)
+		if err != nil {
+			return fail(stderr, "train", fmt.Errorf("--metrics-addr: %w", err))
+		}
+		defer stop()
+		tc.Metrics, cf.metrics = reg, reg
 	}
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "train", err)
 	}
 	defer cl.Close()
-	progress := io.Writer(stderr)
-	if tc.quiet {
-		progress = io.Discard
-	}
 	res, err := trainer.RunJob(context.Background(), cl, tc.JobConfig, progress)
 	var others []trainer.Summary
 	if children != nil {
 		var werr error
-		others, werr = children.wait()
+		others, werr = trainerSummaries(children)
 		err = errors.Join(err, werr)
 	}
 	if err != nil {
@@ -145,54 +154,43 @@ func optional(v trainer.Optional) string {
 	return fmt.Sprintf("%.4f", float64(v))
 }
 
-// trainerProcs are the trainers 1..n-1 that raftps train --trainers n
-// started.
-type trainerProcs struct {
-	cmds []*exec.Cmd
-	outs []*bytes.Buffer
-}
-
 // startTrainers starts trainers 1..n-1 as child processes running this
 // command with the same flags and --world n --rank r; they find each other
 // through the cluster's job registry (or the given --peers).
-func startTrainers(args []string, n int, stderr io.Writer) (*trainerProcs, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	p := &trainerProcs{}
-	for r := 1; r < n; r++ {
-		cmd := exec.Command(self, append(append([]string{"train"}, args...),
-			"--trainers", "1", "--world", fmt.Sprint(n), "--rank", fmt.Sprint(r), "--quiet", "--json")...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, stderr
-		dieWithParent(cmd)
-		if err := cmd.Start(); err != nil {
-			for _, c := range p.cmds {
-				_ = c.Process.Kill()
-			}
-			return nil, fmt.Errorf("starting trainer %d: %w", r, err)
+func startTrainers(args []string, n int, metricsAddr string, stderr io.Writer) (*localcluster.Children, error) {
+	if metricsAddr != "" {
+		// Refuse a bad address before any child starts.
+		if _, err := trainer.MetricsAddr(metricsAddr, n-1); err != nil {
+			return nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
-		p.cmds, p.outs = append(p.cmds, cmd), append(p.outs, &out)
 	}
-	return p, nil
+	var argv [][]string
+	for r := 1; r < n; r++ {
+		extra := []string{"--trainers", "1", "--world", fmt.Sprint(n), "--rank", fmt.Sprint(r), "--quiet", "--json"}
+		if metricsAddr != "" {
+			addr, _ := trainer.MetricsAddr(metricsAddr, r)
+			extra = append(extra, "--metrics-addr", addr)
+		}
+		argv = append(argv, append(append([]string{"train"}, args...), extra...))
+	}
+	return localcluster.StartChildren(argv, stderr)
 }
 
-// wait waits for the children and returns their summaries.
-func (p *trainerProcs) wait() ([]trainer.Summary, error) {
+// trainerSummaries waits for the children and returns their summaries.
+func trainerSummaries(ch *localcluster.Children) ([]trainer.Summary, error) {
+	outs, err := ch.Wait()
 	var errs []error
 	var out []trainer.Summary
-	for i, c := range p.cmds {
-		if err := c.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("trainer %d: %w", i+1, err))
-			continue
-		}
+	for i, b := range outs {
 		var s trainer.Summary
-		if err := json.Unmarshal(p.outs[i].Bytes(), &s); err != nil {
+		if b == nil {
+			continue // failed: in err
+		}
+		if err := json.Unmarshal(b, &s); err != nil {
 			errs = append(errs, fmt.Errorf("trainer %d: reading its summary: %w", i+1, err))
 			continue
 		}
 		out = append(out, s)
 	}
-	return out, errors.Join(errs...)
+	return out, errors.Join(append(errs, err)...)
 }

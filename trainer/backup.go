@@ -112,6 +112,7 @@ func (r *run) backup(ctx context.Context) error {
 			samples = c.Batch
 		} else {
 			r.res.Late++
+			r.cfg.Metrics.lateStep()
 		}
 		qs, err = q.Next(ctx, state)
 		if err != nil {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/raftps/raftps/collective"
 	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/store"
@@ -62,6 +64,8 @@ type JobConfig struct {
 	Listener net.Listener
 	// AfterStep, if set, is called after each of this trainer's steps.
 	AfterStep func(step int, e *Eval)
+	// Metrics, if set, gets the trainer's metrics (NewMetrics).
+	Metrics prometheus.Registerer `json:"-"`
 }
 
 // setup is a trainer's model and data.
@@ -221,6 +225,16 @@ func RunJob(ctx context.Context, cl *client.Client, tc JobConfig, progress io.Wr
 	if tc.CheckpointEvery > 0 {
 		cfg.CheckpointEvery = tc.CheckpointEvery
 	}
+	if tc.Rank == 0 {
+		cfg.AfterStep = reportEvals(cl, tc.Job, progress, tc.AfterStep)
+	}
+	if tc.Metrics != nil {
+		rank := "assigned"
+		if tc.Rank >= 0 {
+			rank = strconv.Itoa(tc.Rank)
+		}
+		cfg.Metrics = NewMetrics(tc.Metrics, tc.Job, rank)
+	}
 	if mode.Kind != Sync || tc.World == 1 {
 		if tc.Rank == -1 {
 			return nil, errors.New("job config: Rank -1: asynchronous trainers and single trainers need an explicit rank")
@@ -253,7 +267,7 @@ func trainSync(ctx context.Context, cl *client.Client, tc JobConfig, cfg LoopCon
 		addrs = tc.Peers
 	} else {
 		var err error
-		if addrs, rank, round, ln, err = rendezvous(ctx, cl, tc, progress); err != nil {
+		if addrs, rank, round, ln, err = rendezvous(ctx, cl, tc, nonEmpty(cfg.Table, cfg.StateTable, cfg.DenseTable), progress); err != nil {
 			return nil, err
 		}
 	}
@@ -297,10 +311,22 @@ func trainSync(ctx context.Context, cl *client.Client, tc JobConfig, cfg LoopCon
 	return res, err
 }
 
+// nonEmpty returns the strings that are not empty.
+func nonEmpty(ss ...string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // rendezvous registers this trainer's collective address with the cluster's
-// job registry and waits for the round to fill; a round that another
-// trainer replaced is joined again.
-func rendezvous(ctx context.Context, cl *client.Client, tc JobConfig, progress io.Writer) (addrs []string, rank int, round uint64, ln net.Listener, err error) {
+// job registry, naming the job's tables (which the cluster then refuses to
+// drop while the job is registered), and waits for the round to fill; a
+// round that another trainer replaced is joined again.
+func rendezvous(ctx context.Context, cl *client.Client, tc JobConfig, tables []string, progress io.Writer) (addrs []string, rank int, round uint64, ln net.Listener, err error) {
 	l := tc.Listener
 	if l == nil {
 		if l, err = net.Listen("tcp", tc.Listen); err != nil {
@@ -316,7 +342,7 @@ func rendezvous(ctx context.Context, cl *client.Client, tc JobConfig, progress i
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for {
-		rank, round, err = cl.Jobs().Join(wctx, tc.Job, tc.World, tc.Rank, l.Addr().String())
+		rank, round, err = cl.Jobs().Join(wctx, tc.Job, tc.World, tc.Rank, l.Addr().String(), tables...)
 		if err != nil {
 			return nil, 0, 0, nil, fmt.Errorf("registering with job %s: %w", tc.Job, err)
 		}
@@ -345,10 +371,10 @@ func (p clientPS) Push(ctx context.Context, table string, keys []uint64, grads [
 }
 
 // RunLocal runs the n trainers of a synchronous job in this process, each
-// with its own client of the cluster at addrs and a collective group on
+// with its own client of the cluster (cfg: addresses and credentials) and a collective group on
 // loopback, and returns trainer 0's result (they end with the same dense
 // parameters). Only trainer 0 reports progress and calls AfterStep.
-func RunLocal(ctx context.Context, addrs []string, n int, tc JobConfig, out io.Writer) (*Result, error) {
+func RunLocal(ctx context.Context, cfg client.Config, n int, tc JobConfig, out io.Writer) (*Result, error) {
 	lns := make([]net.Listener, n)
 	var peers []string
 	for r := range lns {
@@ -364,7 +390,7 @@ func RunLocal(ctx context.Context, addrs []string, n int, tc JobConfig, out io.W
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			cl, err := client.New(client.DefaultConfig(addrs...))
+			cl, err := client.New(cfg)
 			if err != nil {
 				errs[r] = err
 				lns[r].Close()
@@ -385,4 +411,26 @@ func RunLocal(ctx context.Context, addrs []string, n int, tc JobConfig, out io.W
 		return nil, err
 	}
 	return results[0], nil
+}
+
+// reportEvals wraps after (which may be nil) to report each evaluation to
+// the cluster, where the dashboard draws the job's curve. A report that
+// fails costs a line of progress, not the job.
+func reportEvals(cl *client.Client, job string, progress io.Writer, after func(int, *Eval)) func(int, *Eval) {
+	return func(step int, e *Eval) {
+		if e != nil {
+			p := client.EvalPoint{Step: e.Step, Seconds: e.Seconds, AUC: e.AUC, LogLoss: e.LogLoss}
+			if e.BayesAUC.Known() {
+				p.BayesAUC, p.BayesLogLoss = float64(e.BayesAUC), float64(e.BayesLogLoss)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := cl.Jobs().ReportEval(ctx, job, p); err != nil {
+				fmt.Fprintf(progress, "trainer 0: %v (the dashboard misses this point)\n", err)
+			}
+			cancel()
+		}
+		if after != nil {
+			after(step, e)
+		}
+	}
 }

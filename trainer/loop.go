@@ -84,6 +84,8 @@ type LoopConfig struct {
 	// AfterStep, if set, is called on Train's goroutine after every step
 	// this trainer finished, with the evaluation taken after it, if any.
 	AfterStep func(step int, e *Eval)
+	// Metrics, if set, records steps, latencies and evaluations.
+	Metrics *Metrics
 }
 
 // Quorum is what Train needs of a *collective.Quorum: trainer 0 keeps the
@@ -352,6 +354,7 @@ func (r *run) pull(ctx context.Context, b *Batch, rows []float32) error {
 	t := time.Now()
 	err := r.cfg.PS.Pull(ctx, r.cfg.Table, b.Keys, rows)
 	r.pulls = append(r.pulls, time.Since(t))
+	r.cfg.Metrics.pulled(time.Since(t))
 	return err
 }
 
@@ -376,6 +379,7 @@ func (r *run) push(ctx context.Context, b *Batch, rowGrad []float32) error {
 	t := time.Now()
 	err := r.cfg.PS.Push(ctx, r.cfg.Table, b.Keys, rowGrad)
 	r.pushes = append(r.pushes, time.Since(t))
+	r.cfg.Metrics.pushed(time.Since(t))
 	return err
 }
 
@@ -400,6 +404,7 @@ func (r *run) finishStep(ctx context.Context, step, samples int, dense []float32
 	c := &r.cfg
 	r.res.Steps = step
 	r.res.Samples += samples
+	c.Metrics.step(samples)
 	if c.Progress != nil && step%c.ProgressEvery == 0 {
 		fmt.Fprintf(c.Progress, "trainer %d: step %d/%d, %.0f samples/s\n", c.Rank, step, c.Steps, float64(r.res.Samples)/r.trainSeconds())
 	}
@@ -417,6 +422,7 @@ func (r *run) finishStep(ctx context.Context, step, samples int, dense []float32
 	}
 	e.Step, e.Seconds = step, r.trainSeconds()
 	r.res.Evals = append(r.res.Evals, e)
+	c.Metrics.eval(e)
 	if c.Progress != nil {
 		fmt.Fprintf(c.Progress, "trainer %d: step %d: eval AUC %.4f logloss %.4f (Bayes-optimal %.4f / %.4f)\n", c.Rank, step, e.AUC, e.LogLoss, r.bayesAUC, r.bayesLL)
 	}
@@ -507,9 +513,11 @@ func (r *run) sync(ctx context.Context) error {
 		}
 		r.straggle(ctx, t)
 		if c.Group != nil {
+			ar := time.Now()
 			if err := c.Group.AllReduce(ctx, denseGrad, collective.Mean); err != nil {
 				return fmt.Errorf("trainer: step %d: allreduce of the dense gradient: %w", step, err)
 			}
+			c.Metrics.allreduced(time.Since(ar))
 		}
 		for i, g := range denseGrad {
 			dense[i] -= float32(c.DenseLR * g)

@@ -22,11 +22,16 @@ func TestBatchPartsFailAlone(t *testing.T) {
 	if _, err := c.Client().Tables().Create(ctx, counterSpec("emb", 1)); err != nil {
 		t.Fatal(err)
 	}
-	// A node leading shard s but not shard o.
+	// A node leading shard s but not shard o. Create returns once the node
+	// that created the table serves it; the others may still be opening
+	// their replicas (a nil Group).
+	for sh := range uint32(shards) {
+		c.Leader("emb", sh, 10*time.Second)
+	}
 	var node, s, o int = -1, -1, -1
 	for i := range 3 {
 		for sh := range uint32(shards) {
-			if c.Node(i).Group("emb", sh).IsLeader() {
+			if g := c.Node(i).Group("emb", sh); g != nil && g.IsLeader() {
 				s = int(sh)
 			} else {
 				o = int(sh)
@@ -48,7 +53,7 @@ func TestBatchPartsFailAlone(t *testing.T) {
 			}
 		}
 	}
-	stub := rawStub(t, c.Addrs()[node])
+	stub := c.RawStub(c.Addrs()[node])
 	push, err := stub.PushBatch(ctx, &shardpb.PushBatchRequest{Parts: []*shardpb.PushRequest{
 		{Table: "emb", Shard: uint32(s), ClientId: 7, Seq: 1, Keys: keyOf(s), Grads: api.ValuesBytes([]float32{-2})},
 		{Table: "emb", Shard: uint32(o), ClientId: 7, Seq: 1, Keys: keyOf(o), Grads: api.ValuesBytes([]float32{-2})},

@@ -35,8 +35,16 @@ func binaryClusterN(t *testing.T, n, spare int, serverArgs ...string) (bin, dir,
 	}
 	bin = buildBinary(t)
 	dir = filepath.Join(t.TempDir(), "cluster")
+	return bin, dir, binaryClusterAt(t, bin, dir, n, spare, serverArgs...)
+}
+
+// binaryClusterAt is binaryClusterN with the binary built and the
+// cluster's directory chosen (it may hold a node's data dir, mounted
+// already); it returns the cluster's addresses.
+func binaryClusterAt(t *testing.T, bin, dir string, n, spare int, serverArgs ...string) string {
+	t.Helper()
 	base := freePortRun(t, n+spare)
-	runRaftps(t, bin, "cluster", "up", "--nodes", fmt.Sprint(n), "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", serverArgsOf(serverArgs))
+	runRaftps(t, bin, "cluster", "up", "--nodes", fmt.Sprint(n), "--dir", dir, "--base-port", fmt.Sprint(base), "--ca-dir", testCA(t), "--server-args", serverArgsOf(serverArgs))
 	t.Cleanup(func() {
 		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
 			t.Logf("cluster down: %v\n%s", err, out)
@@ -50,7 +58,7 @@ func binaryClusterN(t *testing.T, n, spare int, serverArgs ...string) (bin, dir,
 			}
 		}
 	})
-	return bin, dir, clusterAddrs(t, dir)
+	return clusterAddrs(t, dir)
 }
 
 func clusterAddrs(t *testing.T, dir string) string {
@@ -200,7 +208,7 @@ func verifyPulls(t *testing.T, cl *client.Client, l *ledger, table string) {
 
 func elasticClient(t *testing.T, cluster string) func() *client.Client {
 	return func() *client.Client {
-		cfg := client.DefaultConfig(strings.Split(cluster, ",")...)
+		cfg := testClientConfig(t, cluster)
 		cfg.RetryTimeout = 30 * time.Second
 		cl, err := client.New(cfg)
 		if err != nil {

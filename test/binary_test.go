@@ -28,7 +28,9 @@ func buildBinary(t testing.TB) string {
 }
 
 // buildBinaryTags builds cmd/raftps with build tags (comma-separated; ""
-// for none) into a temp dir.
+// for none) into a temp dir. Every binary of the tests is a test build
+// (raftps_faultinject): its nodes serve /debug/netfault when started with
+// --fault-injection, which a production build refuses.
 func buildBinaryTags(t testing.TB, tags string) string {
 	t.Helper()
 	if raceDetector {
@@ -37,6 +39,7 @@ func buildBinaryTags(t testing.TB, tags string) string {
 		t.Skip("drives the real binary, which is not built with -race: run without -race")
 	}
 	bin := filepath.Join(t.TempDir(), "raftps")
+	tags = strings.Trim(tags+","+faultInjectTag, ",")
 	cmd := exec.Command("go", "build", "-tags", tags, "-o", bin, "github.com/raftps/raftps/cmd/raftps")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -44,6 +47,10 @@ func buildBinaryTags(t testing.TB, tags string) string {
 	}
 	return bin
 }
+
+// faultInjectTag is the build tag of binaries that may serve
+// /debug/netfault (shard/netfault_http_on.go).
+const faultInjectTag = "raftps_faultinject"
 
 // fastTimeouts are server flags for a quick failover in tests.
 const fastTimeouts = "--heartbeat-timeout 150ms --election-timeout 150ms --leader-lease-timeout 100ms"
@@ -83,7 +90,7 @@ func binaryClusterBuilt(t testing.TB, bin string, env []string, serverArgs ...st
 	t.Helper()
 	dir = filepath.Join(t.TempDir(), "cluster")
 	base := freePortRun(t, 3)
-	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--server-args", serverArgsOf(serverArgs))
+	up := exec.Command(bin, "cluster", "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base), "--ca-dir", testCA(t), "--server-args", serverArgsOf(serverArgs))
 	up.Env = append(os.Environ(), env...)
 	if out, err := up.CombinedOutput(); err != nil {
 		t.Fatalf("raftps cluster up: %v\n%s", err, out)
@@ -146,10 +153,21 @@ func freePortRun(t testing.TB, n int) int {
 		}
 		if ok {
 			portRuns = append(portRuns, base)
+			// Cleanups run last-registered first, so the run is handed back
+			// only after the caller's own cleanup (cluster down) has freed
+			// its ports. Without this, a binary of 35 cluster tests runs out
+			// of room below the ephemeral range.
+			t.Cleanup(func() {
+				portRunsMu.Lock()
+				defer portRunsMu.Unlock()
+				if i := slices.Index(portRuns, base); i >= 0 {
+					portRuns = slices.Delete(portRuns, i, i+1)
+				}
+			})
 			return base
 		}
 	}
-	t.Fatal("no free port range")
+	t.Fatalf("no free port range after 50 tries (%d runs held)", len(portRuns))
 	return 0
 }
 
@@ -219,7 +237,7 @@ func TestBinaryClusterFailover(t *testing.T) {
 		t.Fatalf("shard 0 has no leader: %+v", desc)
 	}
 
-	cfg := client.DefaultConfig(strings.Split(cluster, ",")...)
+	cfg := testClientConfig(t, cluster)
 	cfg.RetryTimeout = 20 * time.Second
 	cl, err := client.New(cfg)
 	if err != nil {
@@ -421,7 +439,7 @@ func TestBinaryServerStopsWithPID(t *testing.T) {
 	}
 	defer func() { _ = watched.Process.Kill() }()
 	server := func(dir string, pid int) *exec.Cmd {
-		return exec.Command(bin, "server", "--id", "n1", "--addr", fmt.Sprintf("127.0.0.1:%d", base), "--data-dir", dir, "--bootstrap",
+		return exec.Command(bin, "server", "--id", "n1", "--addr", fmt.Sprintf("127.0.0.1:%d", base), "--data-dir", dir, "--bootstrap", "--insecure",
 			"--stop-with-pid", fmt.Sprint(pid))
 	}
 	srv := server(t.TempDir(), watched.Process.Pid)

@@ -20,7 +20,6 @@ import (
 	"github.com/raftps/raftps/test/history"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -358,7 +357,7 @@ func TestChainCutOffMemberServesNoStaleRead(t *testing.T) {
 		t.Fatalf("push after %s was removed: %v", victimID, err)
 	}
 
-	conn, err := grpc.NewClient(c.cfgs[victim].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.cfgs[victim].Addr, c.DialOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,7 +505,7 @@ func TestMetaConfirmWritesNoLog(t *testing.T) {
 	_, sm := c.oneChainPushed(table)
 	ctx := context.Background()
 	meta := c.metaLeader()
-	conn, err := grpc.NewClient(c.cfgs[meta].PeerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.cfgs[meta].PeerAddr, c.PeerDialOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}

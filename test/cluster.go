@@ -16,21 +16,33 @@ import (
 
 	"github.com/raftps/raftps/replication"
 	"github.com/raftps/raftps/shard"
+	"github.com/raftps/raftps/shard/auth"
+	"github.com/raftps/raftps/shard/certs"
+	"github.com/raftps/raftps/shard/certs/certstest"
 	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/membership"
 	"github.com/raftps/raftps/shard/shardpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Cluster is an in-process raftps cluster for tests: n real nodes, each with
 // its own gRPC server on a 127.0.0.1 port and its own data directory, talking
 // over real sockets. Nodes can be killed and restarted from their data.
 type Cluster struct {
-	t     testing.TB
-	tune  func(*shard.NodeConfig)
-	base  string
-	cfgs  []shard.NodeConfig
-	mu    sync.Mutex
-	nodes []*shard.Node // nil while down
+	t    testing.TB
+	tune func(*shard.NodeConfig)
+	base string
+	// certs holds the cluster's CA and every node's and client's
+	// certificates: nodes run secure unless tune sets Insecure.
+	certs *certstest.Dir
+	// admin: the admin client's files, written once (DialOptions).
+	admin     certs.Files
+	adminOnce sync.Once
+	insecure  bool
+	cfgs      []shard.NodeConfig
+	mu        sync.Mutex
+	nodes     []*shard.Node // nil while down
 }
 
 // FastRaft is a Raft configuration for tests: elections in a few hundred
@@ -75,7 +87,7 @@ func StartCluster(t testing.TB, n int, raft replication.RaftConfig) *Cluster {
 // tune (repair grace, move limits) before it starts.
 func StartClusterWith(t testing.TB, n int, raft replication.RaftConfig, tune func(*shard.NodeConfig)) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, nodes: make([]*shard.Node, n), tune: tune, base: t.TempDir()}
+	c := &Cluster{t: t, nodes: make([]*shard.Node, n), tune: tune, base: t.TempDir(), certs: certstest.New(t)}
 	var peers []shard.Peer
 	addrs := freeAddrs(t, 3*n) // client, gossip, then peer addresses
 	for i := range n {
@@ -92,9 +104,11 @@ func StartClusterWith(t testing.TB, n int, raft replication.RaftConfig, tune fun
 		}
 		cfg := shard.NodeConfig{ID: peers[i].ID, Addr: addrs[i], PeerAddr: peers[i].PeerAddr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Raft: raft, Gossip: g}
 		cfg.Logger = testLogger()
+		c.secure(&cfg)
 		if tune != nil {
 			tune(&cfg)
 		}
+		c.settle(&cfg)
 		c.cfgs = append(c.cfgs, cfg)
 	}
 	var wg sync.WaitGroup
@@ -169,9 +183,11 @@ func (c *Cluster) AddNode() int {
 	raft := c.cfgs[0].Raft
 	cfg := shard.NodeConfig{ID: id, Addr: addrs[0], PeerAddr: addrs[2], DataDir: filepath.Join(c.base, id), Join: join, Raft: raft, Gossip: g}
 	cfg.Logger = testLogger()
+	c.secure(&cfg)
 	if c.tune != nil {
 		c.tune(&cfg)
 	}
+	c.settle(&cfg)
 	c.cfgs = append(c.cfgs, cfg)
 	c.nodes = append(c.nodes, nil)
 	c.mu.Unlock()
@@ -252,6 +268,7 @@ func (c *Cluster) Client() *client.Client {
 func (c *Cluster) ClientWith(tune func(*client.Config)) *client.Client {
 	cfg := client.DefaultConfig(c.Addrs()...)
 	cfg.RetryTimeout = 20 * time.Second
+	cfg.DialOptions = c.DialOptions()
 	tune(&cfg)
 	cl, err := client.New(cfg)
 	if err != nil {
@@ -259,6 +276,62 @@ func (c *Cluster) ClientWith(tune func(*client.Config)) *client.Client {
 	}
 	c.t.Cleanup(func() { cl.Close() })
 	return cl
+}
+
+// secure gives a node's config its certificates and gossip key.
+func (c *Cluster) secure(cfg *shard.NodeConfig) {
+	c.t.Helper()
+	cfg.Certs = certstest.Source(c.t, c.certs.Node(cfg.ID), certs.NodeIdentity(cfg.ID))
+	keys, err := certs.LoadGossipKeys(filepath.Join(c.certs.Path, certs.GossipKeyFile))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg.Gossip.Keys = keys
+}
+
+// settle drops the certificates of a node tune made insecure.
+func (c *Cluster) settle(cfg *shard.NodeConfig) {
+	if cfg.Insecure {
+		cfg.Certs, cfg.Gossip.Keys = nil, nil
+		c.insecure = true
+	}
+}
+
+// Certs is the directory of the cluster's CA and certificates.
+func (c *Cluster) Certs() *certstest.Dir { return c.certs }
+
+// DialOptions are a client's credentials for the cluster: an admin's
+// client certificate (plaintext if the nodes run insecure).
+func (c *Cluster) DialOptions() []grpc.DialOption {
+	if c.insecure {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	// Written once: clients made at the same time (trainers on their
+	// goroutines) must not rewrite the files others are reading.
+	c.adminOnce.Do(func() { c.admin = c.certs.Client("admin", certs.RoleAdmin) })
+	src := certstest.Source(c.t, c.admin, certs.Identity{Kind: certs.KindClient})
+	return []grpc.DialOption{grpc.WithTransportCredentials(auth.ClientCredentials(src))}
+}
+
+// RawStub is a client API stub of the node at addr, with the admin's
+// credentials, for requests the Go client would not send.
+func (c *Cluster) RawStub(addr string) shardpb.ParameterServerClient {
+	cc, err := grpc.NewClient(addr, append(c.DialOptions(), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cc.Close() })
+	return shardpb.NewParameterServerClient(cc)
+}
+
+// PeerDialOptions are a peer's credentials for the cluster's peer
+// listeners: node n1's certificate.
+func (c *Cluster) PeerDialOptions() []grpc.DialOption {
+	if c.insecure {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	src := certstest.Source(c.t, c.certs.Node("n1"), certs.NodeIdentity("n1"))
+	return []grpc.DialOption{grpc.WithTransportCredentials(auth.NodeCredentials(src, func(string) string { return "" }))}
 }
 
 // WaitMetaLeader waits until the metadata group has a leader.

@@ -16,9 +16,7 @@ import (
 	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
 	"github.com/raftps/raftps/store"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -235,16 +233,6 @@ func TestClusterRestartKeepsEverything(t *testing.T) {
 	verify(t, c, l, "emb")
 }
 
-func rawStub(t *testing.T, addr string) shardpb.ParameterServerClient {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return shardpb.NewParameterServerClient(cc)
-}
-
 // TestClusterBadRequests: every bad input gets its documented code and a
 // message naming what is wrong, and changes nothing.
 func TestClusterBadRequests(t *testing.T) {
@@ -256,8 +244,8 @@ func TestClusterBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	leader := c.Leader("emb", 0, 5*time.Second)
-	lead := rawStub(t, c.Addrs()[leader])
-	follower := rawStub(t, c.Addrs()[(leader+1)%3])
+	lead := c.RawStub(c.Addrs()[leader])
+	follower := c.RawStub(c.Addrs()[(leader+1)%3])
 	key0 := uint64(0)
 	for api.ShardOf(key0, shards) != 0 {
 		key0++

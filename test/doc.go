@@ -5,7 +5,8 @@
 //     and memberlist), which tests kill, restart, cut off and grow;
 //   - clusters of the real binary (raftps cluster up, in the _test files),
 //     whose processes tests SIGKILL, SIGSTOP and partition through
-//     --fault-injection, and raftps chaos runs against them;
+//     --fault-injection, and raftps chaos runs against them (every binary
+//     they build is a test build, -tags raftps_faultinject: buildBinaryTags);
 //   - test/history, the recorder and checkers of client histories.
 //
 // The Docker compose round is not here: make test-docker runs raftps chaos

@@ -376,13 +376,13 @@ func TestElasticDrainRemoveAndRouting(t *testing.T) {
 		t.Fatalf("%s held no replica before the drain", id)
 	}
 	key := keyOfShard(moved.Shard, elasticShards)
-	_, err := rawStub(t, c.cfgs[victim].Addr).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key})})
+	_, err := c.RawStub(c.cfgs[victim].Addr).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key})})
 	if status.Code(err) != codes.FailedPrecondition || !errors.Is(api.FromStatus(err), api.ErrNotReplica) {
 		t.Fatalf("pull of el/%d from drained %s: %v, want ErrNotReplica", moved.Shard, id, err)
 	}
 	// A replica refuses the shard's epoch from before the drain.
 	now := shardOf(c.liveMap(), "el", moved.Shard)
-	_, err = rawStub(t, addrOf(c, now.Replicas[0])).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key}), Epoch: moved.Epoch})
+	_, err = c.RawStub(addrOf(c, now.Replicas[0])).Pull(ctx, &shardpb.PullRequest{Table: "el", Shard: moved.Shard, Keys: api.KeysBytes([]uint64{key}), Epoch: moved.Epoch})
 	if status.Code(err) != codes.FailedPrecondition || !errors.Is(api.FromStatus(err), api.ErrStaleMap) {
 		t.Fatalf("pull of el/%d at epoch %d (now %d): %v, want ErrStaleMap", moved.Shard, moved.Epoch, now.Epoch, err)
 	}

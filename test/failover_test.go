@@ -25,7 +25,7 @@ func TestBinaryPausedLeaderNoAttemptTimeout(t *testing.T) {
 	_, dir, addrs := binaryCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := client.New(client.DefaultConfig(strings.Split(addrs, ",")...))
+	cl, err := client.New(testClientConfig(t, addrs))
 	if err != nil {
 		t.Fatal(err)
 	}

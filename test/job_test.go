@@ -96,7 +96,7 @@ func TestJobRendezvous(t *testing.T) {
 	// A metadata follower answers a plain call itself, forwarding it: no
 	// redirect for the caller to follow.
 	f := metaFollower(t, c)
-	stub := rawStub(t, c.Addrs()[f])
+	stub := c.RawStub(c.Addrs()[f])
 	var resp *shardpb.GetJobResponse
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {

@@ -33,7 +33,10 @@ func TestBinaryReadsThroughNodeFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.StopAll(nil) })
-	cfg := client.DefaultConfig(c.Addrs()...)
+	cfg, err := c.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
 	admin, err := client.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -230,7 +230,7 @@ func TestReviewUnknownTable(t *testing.T) {
 		// answers Unavailable, which is retryable; once it does, NotFound.
 		var err error
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			_, err = rawStub(t, addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: api.ValuesBytes([]float32{1})})
+			_, err = c.RawStub(addr).Push(ctx, &shardpb.PushRequest{Table: "nope", ClientId: 1, Seq: 1, Keys: k, Grads: api.ValuesBytes([]float32{1})})
 			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
 				break
 			}

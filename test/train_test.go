@@ -237,9 +237,15 @@ func TestTrainAsyncAndSSPOnCluster(t *testing.T) {
 		const world = 4
 		results := make([]*trainer.Result, world)
 		errs := make(chan error, world)
+		// Made here: c.Client fails the test with t.Fatal, which must not
+		// run on the trainers' goroutines.
+		clients := make([]*client.Client, world)
+		for r := range clients {
+			clients[r] = c.Client()
+		}
 		for r := range world {
 			go func() {
-				cfg := trainer.LoopConfig{PS: paramServer{c.Client()}, Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
+				cfg := trainer.LoopConfig{PS: paramServer{clients[r]}, Table: job, Model: trainer.LR{}, Data: data, Batch: 64, Steps: 400, DenseLR: 0.5,
 					Mode: m, Rank: r, World: world, StateTable: job + ".state", DenseTable: job + ".dense", EvalSamples: 20000}
 				if r == world-1 {
 					cfg.Slowdown = 3

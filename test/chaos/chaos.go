@@ -17,6 +17,7 @@ import (
 
 	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/test/history"
+	"google.golang.org/grpc"
 )
 
 // raftps chaos: a workload of pushes and pulls whose every acknowledged push
@@ -310,6 +311,13 @@ func run1(cc Config, target Target, progress io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	creds, err := target.dialOptions()
+	if err != nil {
+		return nil, err
+	}
+	newClient := func(addrs []string, attempt, retry time.Duration) (*client.Client, error) {
+		return newClientCreds(addrs, creds, attempt, retry)
+	}
 	admin, err := newClient(addrs, 2*time.Second, 0)
 	if err != nil {
 		return nil, err
@@ -478,10 +486,12 @@ func (r *run) table(ctx context.Context, name string) (client.TableSpec, error) 
 	return d.Spec, nil
 }
 
-// newClient is a client of the cluster at addrs with the attempt timeout
-// (and retry timeout, if not 0) chaos's callers each want.
-func newClient(addrs []string, attempt, retry time.Duration) (*client.Client, error) {
+// newClientCreds is a client of the cluster at addrs with its credentials
+// and the attempt timeout (and retry timeout, if not 0) chaos's callers
+// each want.
+func newClientCreds(addrs []string, creds []grpc.DialOption, attempt, retry time.Duration) (*client.Client, error) {
 	cfg := client.DefaultConfig(addrs...)
+	cfg.DialOptions = creds
 	cfg.AttemptTimeout = attempt
 	if retry > 0 {
 		cfg.RetryTimeout = retry

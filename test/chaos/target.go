@@ -4,12 +4,18 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/raftps/raftps/shard/certs"
 	"github.com/raftps/raftps/test/localcluster"
+	"google.golang.org/grpc"
 )
 
 // Target is a cluster chaos can hurt: by node ID, it kills and starts
@@ -19,6 +25,8 @@ type Target interface {
 	name() string
 	// addrs returns the client addresses of the cluster's nodes.
 	addrs() ([]string, error)
+	// dialOptions are a client's credentials for the cluster (an admin's).
+	dialOptions() ([]grpc.DialOption, error)
 	kill(id string) error
 	start(id string) error
 	pause(id string) error
@@ -32,7 +40,7 @@ type Target interface {
 }
 
 // errNoPartition: the target cannot cut the network.
-var errNoPartition = errors.New("this local cluster cannot be partitioned or slowed: its nodes were not started with --fault-injection (raftps cluster up --server-args --fault-injection), or use --target docker:PROJECT")
+var errNoPartition = errors.New("this local cluster cannot be partitioned or slowed: its nodes were not started with --fault-injection (a test build's raftps cluster up --server-args --fault-injection: make build-faults makes bin/raftps-faults), or use --target docker:PROJECT")
 
 // ParseTarget reads local:DIR or docker:PROJECT.
 func ParseTarget(s string) (Target, error) {
@@ -62,6 +70,8 @@ type localTarget struct {
 func (t *localTarget) name() string { return "local:" + t.c.Dir }
 
 func (t *localTarget) addrs() ([]string, error) { return t.c.Addrs(), nil }
+
+func (t *localTarget) dialOptions() ([]grpc.DialOption, error) { return t.c.DialOptions() }
 
 func (t *localTarget) kill(id string) error { return t.c.Stop(id, syscall.SIGKILL, 0) }
 
@@ -102,7 +112,7 @@ func newDockerTarget(project string) (*dockerTarget, error) {
 	}
 	t := &dockerTarget{project: project, containers: map[string]string{}, ips: map[string]string{}}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if f := strings.Fields(line); len(f) == 2 {
+		if f := strings.Fields(line); len(f) == 2 && f[1] != certsService {
 			t.containers[f[1]] = f[0]
 		}
 	}
@@ -144,6 +154,30 @@ func dockerCmd(args ...string) (string, error) {
 }
 
 func (t *dockerTarget) name() string { return "docker:" + t.project }
+
+// certsService is the compose file's one-shot service that makes the
+// certificates (not a node).
+const certsService = "certs"
+
+// dialOptions use the admin client certificate the compose project's certs
+// service made, copied out of a node's certificates volume.
+func (t *dockerTarget) dialOptions() ([]grpc.DialOption, error) {
+	dir, err := os.MkdirTemp("", "raftps-chaos-certs-")
+	if err != nil {
+		return nil, err
+	}
+	// The Source reads the files now; when it looks again and finds them
+	// gone, it keeps what it read.
+	defer os.RemoveAll(dir)
+	f := certs.ClientFiles(dir, localcluster.AdminClient)
+	ids := slices.Sorted(maps.Keys(t.containers))
+	for _, p := range []string{f.CA, f.Cert, f.Key} {
+		if _, err := dockerCmd("cp", "-q", t.containers[ids[0]]+":/certs/"+filepath.Base(p), p); err != nil {
+			return nil, fmt.Errorf("the admin's certificate from %s: %w", ids[0], err)
+		}
+	}
+	return localcluster.ClientCredentials(f)
+}
 
 func (t *dockerTarget) addrs() ([]string, error) {
 	var out []string

@@ -60,7 +60,11 @@ func Run(cfg Config, out io.Writer) (err error) {
 			c.StopAll(out)
 		}()
 	}
-	cl, err := client.New(client.DefaultConfig(addrs...))
+	ccfg, err := c.ClientConfig()
+	if err != nil {
+		return err
+	}
+	cl, err := client.New(ccfg)
 	if err != nil {
 		return err
 	}
@@ -164,7 +168,7 @@ func Run(cfg Config, out io.Writer) (err error) {
 		killed.Store(true)
 		say("killed %s (SIGKILL), the leader of demo_counts/0; training goes on", victim)
 	})
-	res, err := trainer.RunLocal(ctx, addrs, trainers, trainer.JobConfig{Job: "demo", Table: "train_dlrm", Model: "dlrm", Dim: 8, Hidden: []int{32, 16},
+	res, err := trainer.RunLocal(ctx, ccfg, trainers, trainer.JobConfig{Job: "demo", Table: "train_dlrm", Model: "dlrm", Dim: 8, Hidden: []int{32, 16},
 		Shards: 4, Steps: steps, Batch: 64, Data: "synthetic", Fields: 8, Vocab: 100, Seed: 1, Mode: "sync",
 		SlowRank: -1, CheckpointEvery: 100, EvalEvery: max(1, steps/12), EvalSamples: 20000, World: trainers, AfterStep: afterStep}, out)
 	close(stop)
@@ -219,7 +223,7 @@ func Run(cfg Config, out io.Writer) (err error) {
 		return fmt.Errorf("%d acknowledged pushes lost, %d applied twice", lost, doubled)
 	}
 	if keep {
-		say("cluster left running: export RAFTPS_CLUSTER=%s; raftps cluster down --dir %s", strings.Join(addrs, ","), filepath.Join(dir, "cluster"))
+		say("cluster left running: . %s; raftps status; raftps cluster down --dir %s", filepath.Join(dir, "cluster", "env"), filepath.Join(dir, "cluster"))
 	}
 	return nil
 }

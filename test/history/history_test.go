@@ -423,7 +423,7 @@ func TestRecorderConcurrent(t *testing.T) {
 			sums[k] += gs[j]
 		}
 	}
-	const clients, perClient, keys = 8, 300, 6
+	const clients, perClient, keys = 8, 300, 24
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var snapshots sync.WaitGroup

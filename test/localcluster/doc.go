@@ -19,4 +19,9 @@
 // kill, restart, down) finds them. A Cluster value's fault injection
 // (faults.go) is safe for concurrent use; the rest is not, and one process
 // at a time should change a directory's cluster.
+//
+// proc*.go tie processes' lives together: Exited watches a process (a
+// server started with --stop-with-pid stops when its parent test ends),
+// DieWithParent makes a child get SIGTERM when its parent dies (the
+// trainers raftps train --trainers starts).
 package localcluster

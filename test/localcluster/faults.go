@@ -20,7 +20,7 @@ import (
 // clients still reach it. A slow node answers, and calls its peers, late.
 
 // errNoFaults: the nodes cannot be told.
-var errNoFaults = errors.New("this local cluster cannot be partitioned or slowed: its nodes were not started with --fault-injection (raftps cluster up --server-args --fault-injection)")
+var errNoFaults = errors.New("this local cluster cannot be partitioned or slowed: its nodes were not started with --fault-injection (a test build's raftps cluster up --server-args --fault-injection: make build-faults)")
 
 // CanInjectFaults reports whether every node runs with --fault-injection.
 func (c *Cluster) CanInjectFaults() bool {

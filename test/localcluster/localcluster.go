@@ -31,8 +31,10 @@ type Cluster struct {
 	BasePort   int      `json:"base_port,omitempty"`
 	ServerArgs []string `json:"server_args,omitempty"`
 	// Binary is the raftps binary the servers run; empty: this process's
-	// own executable.
-	Binary string `json:"-"`
+	// own executable. Kept in the state file, so that a test process that
+	// loads a cluster it did not start restarts its nodes with the binary
+	// they ran, not with itself.
+	Binary string `json:"binary,omitempty"`
 
 	faultMu  sync.Mutex      // guards isolated
 	isolated map[string]bool // node IDs cut off (faults.go)
@@ -62,6 +64,9 @@ type UpConfig struct {
 	BasePort int    // default 7001
 	// ServerArgs are added to every server's arguments.
 	ServerArgs []string
+	// CADir, if set, is a directory with a CA (ca.crt, ca.key, gossip.key)
+	// to sign the cluster's certificates with, instead of a new one.
+	CADir string
 	// Wait bounds the wait for the cluster to serve (default 30s).
 	Wait   time.Duration
 	Binary string
@@ -107,15 +112,22 @@ func Up(cfg UpConfig) (*Cluster, error) {
 		c.Nodes = append(c.Nodes, nd)
 		peers = append(peers, nd.ID+"="+nd.PeerAddr)
 	}
-	for i := range c.Nodes {
-		nd := &c.Nodes[i]
-		nd.Args = append([]string{"server", "--id", nd.ID, "--addr", nd.Addr, "--http", nd.HTTP,
-			"--data-dir", filepath.Join(cfg.Dir, nd.ID, "data"), "--peers", strings.Join(peers, ",")}, cfg.ServerArgs...)
-	}
 	for _, nd := range c.Nodes {
 		if err := nd.portsFree(); err != nil {
 			return nil, err
 		}
+	}
+	if err := c.makeCA(cfg.CADir); err != nil {
+		return nil, err
+	}
+	for i := range c.Nodes {
+		nd := &c.Nodes[i]
+		tlsArgs, err := c.makeNode(*nd)
+		if err != nil {
+			return nil, err
+		}
+		nd.Args = append(append([]string{"server", "--id", nd.ID, "--addr", nd.Addr, "--http", nd.HTTP,
+			"--data-dir", filepath.Join(cfg.Dir, nd.ID, "data"), "--peers", strings.Join(peers, ",")}, tlsArgs...), cfg.ServerArgs...)
 	}
 	if err := c.save(); err != nil {
 		return nil, err
@@ -174,11 +186,15 @@ func (c *Cluster) Add(serverArgs []string, wait time.Duration, progress io.Write
 	if len(running) == 0 {
 		return Node{}, fmt.Errorf("no node of the cluster in %s is running: 'raftps cluster restart NODE --dir %s' first", c.Dir, c.Dir)
 	}
-	nd.Args = append([]string{"server", "--id", nd.ID, "--addr", nd.Addr, "--http", nd.HTTP,
-		"--data-dir", filepath.Join(c.Dir, nd.ID, "data"), "--join", strings.Join(append(running, stopped...), ",")}, serverArgs...)
 	if err := nd.portsFree(); err != nil {
 		return Node{}, err
 	}
+	tlsArgs, err := c.makeNode(nd)
+	if err != nil {
+		return Node{}, err
+	}
+	nd.Args = append(append([]string{"server", "--id", nd.ID, "--addr", nd.Addr, "--http", nd.HTTP,
+		"--data-dir", filepath.Join(c.Dir, nd.ID, "data"), "--join", strings.Join(append(running, stopped...), ",")}, tlsArgs...), serverArgs...)
 	c.Nodes = append(c.Nodes, nd)
 	if err := c.save(); err != nil {
 		return Node{}, err
@@ -251,7 +267,10 @@ func (c *Cluster) save() error {
 	if err := os.WriteFile(filepath.Join(c.Dir, "cluster.json"), b, 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(c.Dir, "addrs"), []byte(strings.Join(c.Addrs(), ",")+"\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(c.Dir, "addrs"), []byte(strings.Join(c.Addrs(), ",")+"\n"), 0o644); err != nil {
+		return err
+	}
+	return c.writeEnv()
 }
 
 // Start runs a node's server as its own process (its own session, so it
@@ -423,7 +442,11 @@ func (c *Cluster) LogTail(id string, lines int) string {
 // error (with the end of its log); a node killed on purpose (Kill) has no
 // pid file and is skipped.
 func (c *Cluster) WaitServing(timeout time.Duration, progress io.Writer) error {
-	cl, err := client.New(client.DefaultConfig(c.Addrs()...))
+	cfg, err := c.ClientConfig()
+	if err != nil {
+		return err
+	}
+	cl, err := client.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -471,7 +494,11 @@ func (c *Cluster) WaitServing(timeout time.Duration, progress io.Writer) error {
 
 // WaitRegistered waits until the metadata leader's map has node id.
 func (c *Cluster) WaitRegistered(id string, timeout time.Duration, progress io.Writer) error {
-	cl, err := client.New(client.DefaultConfig(c.Addrs()...))
+	cfg, err := c.ClientConfig()
+	if err != nil {
+		return err
+	}
+	cl, err := client.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -496,6 +523,26 @@ func (c *Cluster) WaitRegistered(id string, timeout time.Duration, progress io.W
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// CheckHealth returns nil if http://addr/healthz answers 200 within
+// timeout, else why not (raftps health, a container's healthcheck).
+func CheckHealth(addr string, timeout time.Duration) error {
+	hc := http.Client{Timeout: timeout}
+	resp, err := hc.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return fmt.Errorf("%s: no answer: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		msg := strings.TrimSpace(string(body))
+		if msg == "" {
+			msg = "(no body)"
+		}
+		return fmt.Errorf("%s: unhealthy: %s: %s", addr, resp.Status, msg)
+	}
+	return nil
 }
 
 // httpUp reports whether a node's HTTP server answers at all (/healthz says

@@ -8,6 +8,9 @@ COPY raftps /raftps
 # An empty directory owned by the unprivileged user: a fresh named volume
 # mounted at /data takes its ownership, so the server can write to it.
 COPY --chown=65532:65532 data /data
+# Likewise for the certificates volume of deploy/docker-compose.yml, which
+# its one-shot certs service fills (raftps cert init).
+COPY --chown=65532:65532 data /certs
 USER 65532:65532
 VOLUME /data
 # The client API, HTTP (/healthz, /debug/pprof), memberlist gossip (client

@@ -193,8 +193,12 @@ func (n *Node) initialPlacement(spec *shardpb.TableSpec) (*shardpb.MetaCreateTab
 }
 
 // waitPeersRegistered waits, for a while, until every static peer is in the
-// map: a table created just after a static cluster started is placed on
-// all of it, not on the nodes that happened to register first.
+// map and gossip has heard from it: a table created just after a static
+// cluster started is placed on all of it, not on the nodes that happened to
+// register first. Gossip shows a static peer it never heard from as dead,
+// and a peer can register through the metadata group before its first
+// gossip reaches this node. A peer still silent after the wait is treated
+// as what it looks like: dead.
 func (n *Node) waitPeersRegistered(ctx context.Context) {
 	var ids []string
 	for _, p := range n.cfg.Peers {
@@ -202,13 +206,10 @@ func (n *Node) waitPeersRegistered(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_ = n.waitRegistered(ctx, ids)
-}
-
-func (n *Node) waitRegistered(ctx context.Context, ids []string) error {
-	return pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
+	_ = pollUntil(ctx, 20*time.Millisecond, func() (bool, error) {
+		members := n.memberMap()
 		for _, id := range ids {
-			if n.metaFSM.Node(id) == nil {
+			if n.metaFSM.Node(id) == nil || members[id].State == membership.Dead {
 				return false, nil
 			}
 		}

@@ -66,10 +66,24 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 		return false, nil
 	}
 	leaderAddr, leaderID := r.Raft.LeaderWithID()
-	if leaderAddr == "" {
-		// No leader known: a fresh replica that has not heard one yet, or
-		// an election under way. Raft's own timer covers both.
-		return false, nil
+	if leaderAddr != "" {
+		if p := r.lastLeader.Load(); p == nil || p.addr != leaderAddr || p.id != leaderID {
+			r.lastLeader.Store(&seenLeader{addr: leaderAddr, id: leaderID})
+		}
+	} else {
+		// No leader known. A replica that never followed one (fresh, or
+		// just restarted) leaves it to raft's timer. One that followed a
+		// leader has usually lost it to another replica's election: if
+		// that election failed (its candidate's log was behind this
+		// one's), nobody else would start one before raft's timer fires,
+		// a whole group heartbeat timeout later, so the dead leader is
+		// judged as if still known. An election that succeeded made a
+		// leader that contacts this replica at once.
+		p := r.lastLeader.Load()
+		if p == nil {
+			return false, nil
+		}
+		leaderAddr, leaderID = p.addr, p.id
 	}
 	last := r.Raft.LastContact()
 	if last.IsZero() {

@@ -25,20 +25,29 @@ type expediteCluster struct {
 
 	mu      sync.Mutex
 	stopped map[int]bool
+	// deaf[i] is a sender ID node i refuses every message from (a link
+	// cut one way), and whose node it does not run ExpediteElection on.
+	deaf map[int]string
 }
 
 const expediteSilence = 300 * time.Millisecond
 
 func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
-	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}}
+	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}, deaf: map[int]string{}}
 	var peers []raft.Server
-	for range 3 {
+	for i := range 3 {
 		// As a node's Authorize, which finds the caller in the gRPC
 		// context: an election this node starts for its own replica
 		// comes through no listener and must not be asked for one.
-		n := startTestNodeWith(t, MuxConfig{Authorize: func(ctx context.Context, _, _, _ string) error {
+		n := startTestNodeWith(t, MuxConfig{Authorize: func(ctx context.Context, _, id, _ string) error {
 			if _, ok := peer.FromContext(ctx); !ok {
 				return status.Error(codes.Unauthenticated, "no caller")
+			}
+			c.mu.Lock()
+			deaf := c.deaf[i] == id
+			c.mu.Unlock()
+			if deaf {
+				return status.Error(codes.Unavailable, "link cut by the test")
 			}
 			return nil
 		}})
@@ -76,7 +85,7 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 			for _, gs := range c.groups {
 				for i, g := range gs {
 					c.mu.Lock()
-					down := c.stopped[i]
+					down := c.stopped[i] || c.deaf[i] != ""
 					c.mu.Unlock()
 					if !down {
 						if _, err := g.ExpediteElection(expediteSilence); err != nil {
@@ -185,4 +194,65 @@ func TestExpeditedElectionNeedsASilentNode(t *testing.T) {
 		t.Fatalf("%d elections expedited although the leader's node was heard from", n)
 	}
 	t.Logf("a/0: node %d took over by raft's timer", next)
+}
+
+// TestExpeditedElectionAfterAFailedOne: the leader's node dies while the
+// follower ranked first to replace it lacks the last entries, so its
+// expedited election fails (the other follower's log is longer). That
+// election makes the other follower forget the leader; it must still
+// start its own election at once, as the dead leader's follower, not wait
+// for raft's 1–3 s timer.
+func TestExpeditedElectionAfterAFailedOne(t *testing.T) {
+	c := newExpediteCluster(t, "f/0")
+	lead, _ := c.leader("f/0", 10*time.Second)
+	var followers []int
+	for i := range c.nodes {
+		if i != lead {
+			followers = append(followers, i)
+		}
+	}
+	// Ranked by ID among the voters other than the leader.
+	if c.nodes[followers[1]].addr < c.nodes[followers[0]].addr {
+		followers[0], followers[1] = followers[1], followers[0]
+	}
+	behind, ahead := followers[0], followers[1]
+	leaderID := c.nodes[lead].addr
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g := c.groups["f/0"][lead]
+	if _, err := g.Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Well under raft's 1 s heartbeat timeout, so the deaf follower's own
+	// timer does not fire before the leader dies.
+	c.mu.Lock()
+	c.deaf[behind] = leaderID
+	c.mu.Unlock()
+	for seq := uint64(2); seq <= 4; seq++ {
+		if _, err := g.Push(ctx, &Push{Client: 1, Seq: seq, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := ExpeditedElections()
+	c.mu.Lock()
+	c.stopped[lead] = true
+	delete(c.deaf, behind)
+	c.mu.Unlock()
+	killed := time.Now()
+	c.nodes[lead].stop()
+	g.Close()
+
+	next, term := c.leader("f/0", 10*time.Second)
+	took := time.Since(killed).Round(time.Millisecond)
+	n := ExpeditedElections() - before
+	t.Logf("node %d leads term %d %s after the kill; %d elections expedited", next, term, took, n)
+	if next != ahead {
+		t.Fatalf("node %d leads, not the follower with the longer log (%d)", next, ahead)
+	}
+	if n < 2 {
+		t.Fatalf("%d elections expedited: the follower with the longer log waited for raft's timer after the first failed", n)
+	}
+	if _, err := c.groups["f/0"][next].Push(ctx, &Push{Client: 1, Seq: 5, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
+		t.Fatalf("push at the new leader: %v", err)
+	}
 }

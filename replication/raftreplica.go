@@ -149,6 +149,16 @@ type RaftReplica struct {
 	// expeditedTerm is the last term in which ExpediteElection started an
 	// election here.
 	expeditedTerm atomic.Uint64
+	// lastLeader is the last leader ExpediteElection saw this replica
+	// follow: raft forgets it when an election begins, and an election
+	// that fails must not leave the dead leader's group to raft's timer.
+	lastLeader atomic.Pointer[seenLeader]
+}
+
+// seenLeader is a leader a replica followed.
+type seenLeader struct {
+	addr raft.ServerAddress
+	id   raft.ServerID
 }
 
 // replicaLogs is a replica's log and stable store: a raft-boltdb file of

@@ -66,21 +66,27 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 		return false, nil
 	}
 	leaderAddr, leaderID := r.Raft.LeaderWithID()
+	now := time.Now()
 	if leaderAddr != "" {
 		if p := r.lastLeader.Load(); p == nil || p.addr != leaderAddr || p.id != leaderID {
 			r.lastLeader.Store(&seenLeader{addr: leaderAddr, id: leaderID})
 		}
+		r.leaderSeen.Store(now.UnixNano())
 	} else {
 		// No leader known. A replica that never followed one (fresh, or
 		// just restarted) leaves it to raft's timer. One that followed a
-		// leader has usually lost it to another replica's election: if
-		// that election failed (its candidate's log was behind this
-		// one's), nobody else would start one before raft's timer fires,
-		// a whole group heartbeat timeout later, so the dead leader is
-		// judged as if still known. An election that succeeded made a
-		// leader that contacts this replica at once.
+		// leader until a moment ago has lost it to another replica's
+		// election: if that election failed (its candidate's log was
+		// behind this one's), nobody else would start one before raft's
+		// timer fires, a whole group heartbeat timeout later, so the dead
+		// leader is judged as if still known. An election that succeeded
+		// made a leader that contacts this replica at once. A replica that
+		// lost its leader longer ago, to its own raft timer while it was
+		// cut off, is left to raft too: when the cut heals, the leader's
+		// node is still silent to it for a moment while the others answer
+		// again, and an election then would depose a living leader.
 		p := r.lastLeader.Load()
-		if p == nil {
+		if p == nil || now.Sub(time.Unix(0, r.leaderSeen.Load())) > silence {
 			return false, nil
 		}
 		leaderAddr, leaderID = p.addr, p.id
@@ -94,7 +100,6 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 		return false, nil
 	}
 	wait := silence + time.Duration(rank)*silence/2
-	now := time.Now()
 	if now.Sub(last) < wait {
 		return false, nil
 	}

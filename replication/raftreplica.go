@@ -150,9 +150,12 @@ type RaftReplica struct {
 	// election here.
 	expeditedTerm atomic.Uint64
 	// lastLeader is the last leader ExpediteElection saw this replica
-	// follow: raft forgets it when an election begins, and an election
-	// that fails must not leave the dead leader's group to raft's timer.
+	// follow, and leaderSeen (Unix nanoseconds) the last time it saw it:
+	// raft forgets the leader when another replica's election begins, and
+	// an election that fails must not leave the dead leader's group to
+	// raft's timer.
 	lastLeader atomic.Pointer[seenLeader]
+	leaderSeen atomic.Int64
 }
 
 // seenLeader is a leader a replica followed.

@@ -132,7 +132,7 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 	return true, nil
 }
 
-// reachesMajority says whether this node has heard, within silence, from
+// reachesMajority says whether this node hears (Mux.hearing)
 // the nodes of enough voters other than leader to make a majority with
 // this replica: raft's pre-vote asks the same of a candidate, and the
 // election ExpediteElection starts skips it.
@@ -156,7 +156,7 @@ func (r *RaftReplica) reachesMajority(leader raft.ServerID, now time.Time, silen
 			reached++
 		case s.ID == leader:
 		default:
-			if heard, ok := t.mux.LastHeard(s.Address); ok && now.Sub(heard) < silence {
+			if t.mux.hearing(s.Address, now, silence) {
 				reached++
 			} else {
 				t.mux.watch(s.Address)
@@ -164,6 +164,39 @@ func (r *RaftReplica) reachesMajority(leader raft.ServerID, now time.Time, silen
 		}
 	}
 	return reached > voters/2
+}
+
+// hearing says whether this node hears peer's node now: it heard from it
+// within half the silence, and (with pings on) without a gap for at least
+// four ping intervals.
+//
+// Half, because the leader's node must have been silent for the whole
+// silence: when this node itself is cut off, every peer goes quiet at
+// the same moment, and the leader's last message may simply be older than
+// the other follower's by a few milliseconds. With the full silence for
+// both, the cut-off node saw the leader silent while the other follower's
+// last message was still "recent", started an election it could not win,
+// and the term it raised deposed the living leader when the cut healed (a
+// chaos run with 2 s group heartbeats: 2 s without linearizable reads). A
+// live follower that this node pings answers every ping interval, well
+// within half the silence.
+//
+// The streak is for a node whose own cut just healed:
+// its peers' messages arrive again one by one, and for a moment it hears
+// the other followers but not yet the leader's node, which looks exactly
+// like a leader that died while the followers talked. Each live peer that
+// this node pings answers within one ping interval, so by the time a new
+// streak counts the leader's node has been heard too, and it is not silent.
+func (m *Mux) hearing(peer raft.ServerAddress, now time.Time, silence time.Duration) bool {
+	heard, ok := m.LastHeard(peer)
+	if !ok || now.Sub(heard) >= silence/2 {
+		return false
+	}
+	if m.cfg.PingInterval <= 0 {
+		return true
+	}
+	since, _ := m.heardSince(peer)
+	return now.Sub(since) >= 4*m.cfg.PingInterval
 }
 
 // voterRank is this replica's position among the group's voters other than

@@ -256,3 +256,47 @@ func TestExpeditedElectionAfterAFailedOne(t *testing.T) {
 		t.Fatalf("push at the new leader: %v", err)
 	}
 }
+
+// TestHearingNeedsAStreak: a peer counts toward an expedited election's
+// majority only when this node has heard from it without a gap for four
+// ping intervals, so a node whose cut just healed, hearing the other
+// followers again a moment before the leader's node, does not take the
+// leader for dead.
+func TestHearingNeedsAStreak(t *testing.T) {
+	n := startTestNode(t)
+	m := n.mux
+	ping := m.cfg.PingInterval
+	gap := int64(4 * ping)
+	peer := raft.ServerAddress("127.0.0.1:1")
+	now := time.Now()
+	if m.hearing(peer, now, time.Second) {
+		t.Fatal("a peer never heard from counts as heard")
+	}
+	h := new(peerHeard)
+	m.heard.Store(peer, h)
+	at := func(d time.Duration) int64 { return now.Add(d).UnixNano() }
+
+	// Heard every ping interval for a second: a streak.
+	for d := -time.Second; d <= 0; d += ping {
+		h.note(at(d), gap)
+	}
+	if !m.hearing(peer, now, 200*time.Millisecond) {
+		t.Fatal("a peer heard every ping interval for a second does not count")
+	}
+	if m.hearing(peer, now.Add(120*time.Millisecond), 200*time.Millisecond) {
+		t.Fatal("a peer silent for more than half the silence counts: a node cut off from everyone would count it")
+	}
+
+	// Silent for 3 s (a cut), then heard again a moment ago: not yet.
+	h.note(at(3*time.Second), gap)
+	later := now.Add(3*time.Second + 10*time.Millisecond)
+	if m.hearing(peer, later, 200*time.Millisecond) {
+		t.Fatal("a peer heard again 10 ms after a 3 s gap counts at once")
+	}
+	for d := 3*time.Second + ping; d <= 3*time.Second+5*ping; d += ping {
+		h.note(at(d), gap)
+	}
+	if !m.hearing(peer, now.Add(3*time.Second+5*ping), 200*time.Millisecond) {
+		t.Fatal("a peer heard for five ping intervals after a gap does not count")
+	}
+}

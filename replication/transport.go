@@ -125,7 +125,7 @@ type Mux struct {
 	conns  map[raft.ServerAddress]*grpc.ClientConn
 	hbs    map[raft.ServerAddress]*heartbeats
 
-	heard sync.Map // raft.ServerAddress → *atomic.Int64: unix ns of the last message from that peer
+	heard sync.Map // raft.ServerAddress → *peerHeard
 
 	stop    chan struct{}   // closed by Close: ends pingLoop
 	stopCtx context.Context // done once Close began: ends pings in flight
@@ -157,14 +157,24 @@ func (m *Mux) heardFrom(peer raft.ServerAddress) {
 		return
 	}
 	now := time.Now().UnixNano()
-	if v, ok := m.heard.Load(peer); ok {
-		v.(*atomic.Int64).Store(now)
-		return
+	v, ok := m.heard.Load(peer)
+	if !ok {
+		v, _ = m.heard.LoadOrStore(peer, new(peerHeard))
 	}
-	v := new(atomic.Int64)
-	v.Store(now)
-	if old, loaded := m.heard.LoadOrStore(peer, v); loaded {
-		old.(*atomic.Int64).Store(now)
+	v.(*peerHeard).note(now, int64(4*max(m.cfg.PingInterval, 0)))
+}
+
+// peerHeard is what a Mux knows of hearing from one peer node: when it
+// last did (unix ns), and since when it has without a gap longer than
+// four ping intervals, which a live peer that this node pings never
+// leaves (the start of the current streak).
+type peerHeard struct {
+	last, since atomic.Int64
+}
+
+func (h *peerHeard) note(now, gap int64) {
+	if prev := h.last.Swap(now); now-prev > gap {
+		h.since.Store(now)
 	}
 }
 
@@ -180,7 +190,17 @@ func (m *Mux) LastHeard(peer raft.ServerAddress) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	return time.Unix(0, v.(*atomic.Int64).Load()), true
+	return time.Unix(0, v.(*peerHeard).last.Load()), true
+}
+
+// heardSince is when this node's current streak of hearing from peer
+// began (see peerHeard); ok is false if it never heard from it.
+func (m *Mux) heardSince(peer raft.ServerAddress) (time.Time, bool) {
+	v, ok := m.heard.Load(peer)
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.Unix(0, v.(*peerHeard).since.Load()), true
 }
 
 // NewMux returns a Mux for the node at cfg.LocalAddr.

@@ -3,7 +3,6 @@ package replication
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -68,7 +67,7 @@ func (m *Mux) pingLoop(interval time.Duration) {
 		now := time.Now().UnixNano()
 		m.heard.Range(func(k, v any) bool {
 			peer := k.(raft.ServerAddress)
-			age := time.Duration(now - v.(*atomic.Int64).Load())
+			age := time.Duration(now - v.(*peerHeard).last.Load())
 			if age < interval || age > pingForget {
 				return true
 			}
@@ -188,7 +187,7 @@ func (m *Mux) AnySilent(silence time.Duration) bool {
 	now := time.Now().UnixNano()
 	silent := false
 	m.heard.Range(func(_, v any) bool {
-		age := time.Duration(now - v.(*atomic.Int64).Load())
+		age := time.Duration(now - v.(*peerHeard).last.Load())
 		silent = age >= silence && age <= pingForget
 		return !silent
 	})
@@ -204,12 +203,12 @@ func (m *Mux) watch(peer raft.ServerAddress) {
 		return
 	}
 	old := time.Now().Add(-pingForget / 2).UnixNano()
-	v := new(atomic.Int64)
-	v.Store(old)
+	v := new(peerHeard)
+	v.last.Store(old)
 	if cur, loaded := m.heard.LoadOrStore(peer, v); loaded {
-		c := cur.(*atomic.Int64)
-		if prev := c.Load(); time.Duration(time.Now().UnixNano()-prev) > pingForget {
-			c.CompareAndSwap(prev, old)
+		c := cur.(*peerHeard)
+		if prev := c.last.Load(); time.Duration(time.Now().UnixNano()-prev) > pingForget {
+			c.last.CompareAndSwap(prev, old)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,6 +209,14 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 			addrs = append(addrs, candidates()...)
 		}
 		addrs = c.askable(c.order(append(addrs, c.cfg.Addrs...)))
+		if next != "" && !c.isSilent(next) && len(addrs) > 0 && addrs[0] != next {
+			// The hint or a redirect names the node to ask first, even
+			// if a hedge beat it on a read lately: that says nothing of
+			// where a write must go, and behind the candidates it was
+			// never asked, since the first one's NotLeader answer ends
+			// the round (pushes stalled until the mark expired, 2 s).
+			addrs = append([]string{next}, slices.DeleteFunc(addrs, func(a string) bool { return a == next })...)
+		}
 		next = ""
 		for _, addr := range addrs {
 			err := c.attempt(ctx, addr, fn)

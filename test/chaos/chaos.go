@@ -131,7 +131,13 @@ type TableResult struct {
 	UnknownUndecided  int `json:"unknown_undecided"`
 	// ReadP99Ms: the 99th percentile latency of the table's pulls made
 	// while no fault was in effect, to set the faults' read_p99_ms beside.
-	ReadP99Ms    int64  `json:"read_p99_ms"`
+	ReadP99Ms int64 `json:"read_p99_ms"`
+	// MaxPushMs, MaxPullMs: the longest completed push and pull of the
+	// workload's clients, faults or not. The windows above say when a
+	// table served again; these say how long one call caught in a fault
+	// waited (-1 if none).
+	MaxPushMs    int64  `json:"max_push_ms"`
+	MaxPullMs    int64  `json:"max_pull_ms"`
 	Linearizable *bool  `json:"linearizable"`
 	Staleness    *bool  `json:"staleness_ok"`
 	History      string `json:"history"`
@@ -451,6 +457,19 @@ func pullP99(ops []history.Op, in func(call int64) bool) int64 {
 		}
 	}
 	return quantile(lat, 0.99)
+}
+
+// maxLatency is the longest completed operation of kind, in ms, among the
+// workload clients' (the probes, client -1, are timed by the windows) (-1
+// if none).
+func maxLatency(ops []history.Op, kind history.Kind) int64 {
+	m := int64(-1)
+	for _, op := range ops {
+		if op.Kind == kind && op.Outcome == history.OK && op.Client >= 0 {
+			m = max(m, (op.Return-op.Call)/int64(time.Millisecond))
+		}
+	}
+	return m
 }
 
 // andVerdict combines verdicts: null (not checked) unless some table was.

@@ -1,6 +1,11 @@
 package chaos
 
-import "testing"
+import (
+	"testing"
+	"time"
+
+	"github.com/raftps/raftps/test/history"
+)
 
 func TestFaultSummary(t *testing.T) {
 	faults := []Fault{
@@ -38,5 +43,27 @@ func TestTableSpec(t *testing.T) {
 	}
 	if s := TableSpec("chaos_chn_bnd_hot"); s.Replication != "chain" || s.Consistency.Bound == 0 || s.HotThreshold <= 0 || s.HotReplicas == 0 {
 		t.Errorf("hot bounded chain spec %+v", s)
+	}
+}
+
+// TestMaxLatency: the slowest completed call of the workload's clients;
+// probes (client -1) and failed or unknown calls do not count.
+func TestMaxLatency(t *testing.T) {
+	ms := int64(time.Millisecond)
+	ops := []history.Op{
+		{Client: 0, Kind: history.Push, Outcome: history.OK, Call: 0, Return: 300 * ms},
+		{Client: 1, Kind: history.Push, Outcome: history.OK, Call: 100 * ms, Return: 2100 * ms},
+		{Client: -1, Kind: history.Push, Outcome: history.OK, Call: 0, Return: 5000 * ms},
+		{Client: 2, Kind: history.Push, Outcome: history.Unknown, Call: 0, Return: 9000 * ms},
+		{Client: 0, Kind: history.Pull, Outcome: history.OK, Call: 0, Return: 40 * ms},
+	}
+	if got := maxLatency(ops, history.Push); got != 2000 {
+		t.Errorf("slowest push %d ms, want 2000", got)
+	}
+	if got := maxLatency(ops, history.Pull); got != 40 {
+		t.Errorf("slowest pull %d ms, want 40", got)
+	}
+	if got := maxLatency(ops[2:4], history.Push); got != -1 {
+		t.Errorf("slowest push of probes and unknown outcomes %d ms, want -1 (none)", got)
 	}
 }

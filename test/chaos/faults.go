@@ -384,6 +384,7 @@ func (r *run) check(ctx context.Context, name string, faults []Fault) (TableResu
 		}
 		return true
 	})
+	tr.MaxPushMs, tr.MaxPullMs = maxLatency(ops, history.Push), maxLatency(ops, history.Pull)
 	var violations []string
 	bad := func(format string, args ...any) {
 		violations = append(violations, fmt.Sprintf("%s: ", name)+fmt.Sprintf(format, args...))
@@ -509,8 +510,8 @@ func PrintReport(w io.Writer, rep *Report) {
 		return "VIOLATED"
 	}
 	for _, t := range rep.Tables {
-		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls (p99 %d ms without faults), %d lost, %d applied twice, %d unknown (per key: %d applied, %d not, %d undecided); linearizable: %s; staleness: %s; history %s\n",
-			t.Name, t.Level, t.Acked, t.Pulls, t.ReadP99Ms, t.Lost, t.Doubled, t.Unknown, t.UnknownApplied, t.UnknownNotApplied, t.UnknownUndecided,
+		fmt.Fprintf(w, "table %s (%s): %d acknowledged pushes, %d pulls (p99 %d ms without faults; slowest push %d ms, pull %d ms), %d lost, %d applied twice, %d unknown (per key: %d applied, %d not, %d undecided); linearizable: %s; staleness: %s; history %s\n",
+			t.Name, t.Level, t.Acked, t.Pulls, t.ReadP99Ms, t.MaxPushMs, t.MaxPullMs, t.Lost, t.Doubled, t.Unknown, t.UnknownApplied, t.UnknownNotApplied, t.UnknownUndecided,
 			verdict(t.Linearizable), verdict(t.Staleness), t.History)
 	}
 	fmt.Fprintf(w, "replica checksums equal: %v\n", rep.ChecksumsEqual)

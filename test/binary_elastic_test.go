@@ -8,12 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/raftps/raftps/shard/client"
+	"github.com/raftps/raftps/test/localcluster"
 )
 
 // The elastic cluster driven through the real binary: raftps cluster up,
@@ -46,6 +49,9 @@ func binaryClusterAt(t *testing.T, bin, dir string, n, spare int, serverArgs ...
 	base := freePortRun(t, n+spare)
 	runRaftps(t, bin, "cluster", "up", "--nodes", fmt.Sprint(n), "--dir", dir, "--base-port", fmt.Sprint(base), "--ca-dir", testCA(t), "--server-args", serverArgsOf(serverArgs))
 	t.Cleanup(func() {
+		if t.Failed() {
+			dumpStacks(t, dir, n+spare)
+		}
 		if out, err := exec.Command(bin, "cluster", "down", "--dir", dir).CombinedOutput(); err != nil {
 			t.Logf("cluster down: %v\n%s", err, out)
 		}
@@ -53,12 +59,64 @@ func binaryClusterAt(t *testing.T, bin, dir string, n, spare int, serverArgs ...
 			for i := 1; i <= n+spare; i++ {
 				if b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("n%d", i), "log")); err == nil {
 					lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-					t.Logf("n%d log tail:\n%s", i, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+					logged, dump := lines, []string(nil)
+					if j := slices.Index(lines, "SIGQUIT: quit"); j >= 0 {
+						logged, dump = lines[:j], lines[j:]
+					}
+					t.Logf("n%d log tail:\n%s", i, strings.Join(logged[max(0, len(logged)-15):], "\n"))
+					if dump != nil {
+						t.Logf("n%d goroutines in raftps code when the test failed:\n%s", i, raftpsStacks(dump, 12, 24))
+					}
 				}
 			}
 		}
 	})
 	return clusterAddrs(t, dir)
+}
+
+// dumpStacks makes every node of the cluster in dir that still runs print
+// its goroutines into its log (SIGQUIT, which also ends it), so a test that
+// failed on a hung node says where it hung (raftpsStacks picks them out).
+// It notes the nodes that do not run at all.
+func dumpStacks(t *testing.T, dir string, n int) {
+	t.Helper()
+	lc, err := localcluster.Load(dir)
+	if err != nil {
+		return
+	}
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("n%d", i)
+		pid, alive := lc.PID(id)
+		if !alive {
+			t.Logf("%s is not running (pid file: %d)", id, pid)
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGQUIT)
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if _, alive := lc.PID(id); !alive {
+				break
+			}
+		}
+	}
+}
+
+// raftpsStacks returns, of a goroutine dump, at most n goroutines whose
+// stacks run raftps code, each cut to its first lines.
+func raftpsStacks(dump []string, n, lines int) string {
+	var out []string
+	for i := 0; i < len(dump) && n > 0; {
+		j := i
+		for j < len(dump) && dump[j] != "" {
+			j++
+		}
+		g := dump[i:j]
+		if len(g) > 0 && strings.HasPrefix(g[0], "goroutine ") && slices.ContainsFunc(g, func(l string) bool { return strings.Contains(l, "raftps/raftps/") }) {
+			out = append(out, strings.Join(g[:min(len(g), lines)], "\n"))
+			n--
+		}
+		i = j + 1
+	}
+	return strings.Join(out, "\n\n")
 }
 
 func clusterAddrs(t *testing.T, dir string) string {

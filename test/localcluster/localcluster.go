@@ -290,6 +290,7 @@ func (c *Cluster) Start(nd Node) error {
 	if err := os.MkdirAll(ndir, 0o755); err != nil {
 		return err
 	}
+	_ = waitPortsFree(nd, 10*time.Second)
 	log, err := os.OpenFile(filepath.Join(ndir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -323,6 +324,13 @@ func (c *Cluster) PID(id string) (int, bool) {
 	return pid, syscall.Kill(pid, 0) == nil && !isZombie(pid)
 }
 
+// isZombie says whether pid has exited and only waits to be reaped. The
+// state of /proc/PID/stat is the thread group leader's alone: a killed
+// process whose main thread is gone while another still finishes a system
+// call (an fdatasync on a loaded disk) shows Z while it still holds its
+// files and listening sockets, and a node started again at once on its
+// ports fails with "address already in use". So all its threads must be
+// gone too.
 func isZombie(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -330,10 +338,38 @@ func isZombie(pid int) bool {
 	}
 	// Field 3, after the parenthesised command name.
 	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] == 'Z'
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) || s[i+2] != 'Z' {
+		return false
 	}
-	return false
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err != nil || len(tasks) <= 1
+}
+
+// waitPortsFree waits, up to timeout, until nd's TCP ports can be bound
+// again: a node stopped a moment ago may still hold them (see isZombie).
+// It returns the last error if they cannot; the caller starts the node
+// anyway, which then says which port is taken.
+func waitPortsFree(nd Node, timeout time.Duration) error {
+	addrs := []string{nd.Addr, nd.PeerAddr, nd.HTTP, nd.GossipAddr()}
+	var last error
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+		last = nil
+		for _, a := range addrs {
+			if a == "" {
+				continue
+			}
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				last = err
+				break
+			}
+			l.Close()
+		}
+		if last == nil || time.Now().After(deadline) {
+			return last
+		}
+	}
 }
 
 // Signal sends a running node sig.

@@ -59,15 +59,21 @@ func checkRange(t *testing.T, l *SegLog, first, last uint64) {
 	}
 }
 
-func reopenSeg(t *testing.T, l *SegLog, dir string) *SegLog {
+// openSeg opens the segment log in dir, closed at the test's end.
+func openSeg(t *testing.T, dir string) *SegLog {
 	t.Helper()
-	l.Close()
 	l, err := OpenSegLog(dir, false)
 	if err != nil {
-		t.Fatalf("reopen: %v", err)
+		t.Fatalf("opening %s: %v", dir, err)
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+func reopenSeg(t *testing.T, l *SegLog, dir string) *SegLog {
+	t.Helper()
+	l.Close()
+	return openSeg(t, dir)
 }
 
 func TestSegLogAppendReopenTruncate(t *testing.T) {
@@ -75,10 +81,7 @@ func TestSegLogAppendReopenTruncate(t *testing.T) {
 	segMaxBytes = 200 // a few entries per segment
 	defer func() { segMaxBytes = old }()
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	checkRange(t, l, 0, 0)
 	storeRange(t, l, 1, 5)
 	for i := uint64(6); i <= 30; i++ {
@@ -131,10 +134,7 @@ func TestSegLogAppendReopenTruncate(t *testing.T) {
 
 func TestSegLogTornTail(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	storeRange(t, l, 1, 9)
 	storeRange(t, l, 10, 10)
 	l.Close()
@@ -166,10 +166,7 @@ func TestSegLogCorruptSegmentRefused(t *testing.T) {
 	segMaxBytes = 200
 	defer func() { segMaxBytes = old }()
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	storeRange(t, l, 1, 3)
 	storeRange(t, l, 4, 30)
 	l.Close()
@@ -186,10 +183,7 @@ func TestSegLogCorruptSegmentRefused(t *testing.T) {
 
 func TestSegLogStable(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	if _, err := l.GetUint64([]byte("CurrentTerm")); err == nil || err.Error() != "not found" {
 		t.Fatalf("missing key: %v, want raft's \"not found\"", err)
 	}
@@ -236,10 +230,7 @@ func TestSegLogStable(t *testing.T) {
 
 func TestSegLogDamagedAcknowledgedAppend(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	storeRange(t, l, 1, 5)
 	storeRange(t, l, 6, 10)
 	l.Close()
@@ -268,10 +259,7 @@ func TestSegLogDamagedAcknowledgedAppend(t *testing.T) {
 // header of the file's last append is a torn append.
 func TestSegLogDamagedAppendHeader(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenSegLog(dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openSeg(t, dir)
 	storeRange(t, l, 1, 5)
 	storeRange(t, l, 6, 10)
 	storeRange(t, l, 11, 15)

@@ -192,11 +192,12 @@ func (m *Mux) hearing(peer raft.ServerAddress, now time.Time, silence time.Durat
 	if !ok || now.Sub(heard) >= silence/2 {
 		return false
 	}
-	if m.cfg.PingInterval <= 0 {
+	gap := m.heardGap()
+	if gap == 0 {
 		return true
 	}
 	since, _ := m.heardSince(peer)
-	return now.Sub(since) >= 4*m.cfg.PingInterval
+	return now.Sub(since) >= gap
 }
 
 // voterRank is this replica's position among the group's voters other than

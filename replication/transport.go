@@ -161,13 +161,18 @@ func (m *Mux) heardFrom(peer raft.ServerAddress) {
 	if !ok {
 		v, _ = m.heard.LoadOrStore(peer, new(peerHeard))
 	}
-	v.(*peerHeard).note(now, int64(4*max(m.cfg.PingInterval, 0)))
+	v.(*peerHeard).note(now, int64(m.heardGap()))
 }
+
+// heardGap is the longest silence that does not end a streak of hearing
+// from a peer: four ping intervals, which a live peer this node pings never
+// leaves (0 with pings off: then every message starts a streak, and
+// hearing does not look at streaks).
+func (m *Mux) heardGap() time.Duration { return 4 * max(m.cfg.PingInterval, 0) }
 
 // peerHeard is what a Mux knows of hearing from one peer node: when it
 // last did (unix ns), and since when it has without a gap longer than
-// four ping intervals, which a live peer that this node pings never
-// leaves (the start of the current streak).
+// heardGap (the start of the current streak).
 type peerHeard struct {
 	last, since atomic.Int64
 }

@@ -290,7 +290,7 @@ func (c *Cluster) Start(nd Node) error {
 	if err := os.MkdirAll(ndir, 0o755); err != nil {
 		return err
 	}
-	_ = waitPortsFree(nd, 10*time.Second)
+	waitPortsFree(nd, 10*time.Second)
 	log, err := os.OpenFile(filepath.Join(ndir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -348,27 +348,23 @@ func isZombie(pid int) bool {
 
 // waitPortsFree waits, up to timeout, until nd's TCP ports can be bound
 // again: a node stopped a moment ago may still hold them (see isZombie).
-// It returns the last error if they cannot; the caller starts the node
-// anyway, which then says which port is taken.
-func waitPortsFree(nd Node, timeout time.Duration) error {
-	addrs := []string{nd.Addr, nd.PeerAddr, nd.HTTP, nd.GossipAddr()}
-	var last error
-	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
-		last = nil
-		for _, a := range addrs {
+// If they cannot, the node is started anyway and says which port is taken.
+func waitPortsFree(nd Node, timeout time.Duration) {
+	free := func() bool {
+		for _, a := range []string{nd.Addr, nd.PeerAddr, nd.HTTP, nd.GossipAddr()} {
 			if a == "" {
 				continue
 			}
 			l, err := net.Listen("tcp", a)
 			if err != nil {
-				last = err
-				break
+				return false
 			}
 			l.Close()
 		}
-		if last == nil || time.Now().After(deadline) {
-			return last
-		}
+		return true
+	}
+	for deadline := time.Now().Add(timeout); !free() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

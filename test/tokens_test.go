@@ -164,6 +164,18 @@ func TestBinaryTokens(t *testing.T) {
 		t.Fatalf("%s after its restart: the reader token: %v", restarted.ID, err)
 	}
 
+	// A token change waits only for the nodes gossip sees alive (a node it
+	// takes for dead is named pending at once), and the restarted node may
+	// serve before the metadata leader's gossip sees it back.
+	waitCLIStatus(t, bin, cluster, 30*time.Second, "every node alive by gossip", func(st *client.ClusterStatus) string {
+		for _, nd := range st.Nodes {
+			if nd.State != "alive" {
+				return nd.ID + " is " + nd.State
+			}
+		}
+		return ""
+	})
+
 	// Revoked, by name through one node and by ID through another: the
 	// call answers once every node has applied the revocation, so the
 	// next call with the token is refused on every node.

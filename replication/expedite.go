@@ -128,6 +128,12 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(r.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
 		return false, fmt.Errorf("group %s: starting an election: %w", r.cfg.ID, err)
 	}
+	// After TimeoutNow, not before: waking a quiet follower first would
+	// fire its own timer, whose election (with pre-vote, not as a
+	// transfer) the other follower, still following the dead leader,
+	// refuses; woken now, the candidate retries on the fast timer if this
+	// election fails.
+	r.Wake()
 	expedited.Add(1)
 	return true, nil
 }

@@ -33,6 +33,12 @@ type expediteCluster struct {
 const expediteSilence = 300 * time.Millisecond
 
 func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
+	return newExpediteClusterWith(t, nil, names...)
+}
+
+// newExpediteClusterWith is newExpediteCluster with tune applied to every
+// replica's config; its loop also ticks every replica (Group.Tick).
+func newExpediteClusterWith(t *testing.T, tune func(*RaftConfig), names ...string) *expediteCluster {
 	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}, deaf: map[int]string{}}
 	var peers []raft.Server
 	for i := range 3 {
@@ -60,10 +66,13 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := OpenGroup(GroupConfig{RaftConfig: RaftConfig{ID: name, NodeID: raft.ServerID(n.addr),
+			rc := RaftConfig{ID: name, NodeID: raft.ServerID(n.addr),
 				Dir: filepath.Join(t.TempDir(), name), Transport: tr, Peers: peers,
-				HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond},
-				Table: reptest.SGDTable("t", 2)})
+				HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond}
+			if tune != nil {
+				tune(&rc)
+			}
+			g, err := OpenGroup(GroupConfig{RaftConfig: rc, Table: reptest.SGDTable("t", 2)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -88,6 +97,7 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 					down := c.stopped[i] || c.deaf[i] != ""
 					c.mu.Unlock()
 					if !down {
+						g.Tick(time.Now())
 						if _, err := g.ExpediteElection(expediteSilence); err != nil {
 							t.Log(err)
 						}

@@ -54,6 +54,15 @@ type RaftConfig struct {
 	// the commit index anyway, so a longer timeout only delays when an idle
 	// follower applies the last entries.
 	CommitTimeout time.Duration
+	// QuietAfter, if positive, quiesces the group once its log has not
+	// moved for that long: its replicas switch to QuietHeartbeatTimeout
+	// (default 5 s, at least HeartbeatTimeout) for their heartbeat and
+	// election timeouts until it moves again (transport_quiet.go). It
+	// needs the node to call Tick on every group and ExpediteElection on
+	// the followers (failover of a quiet group waits for it, not for
+	// raft's slow timer), and a *Transport.
+	QuietAfter            time.Duration
+	QuietHeartbeatTimeout time.Duration
 
 	// Snapshots: taken every SnapshotInterval when SnapshotThreshold entries
 	// have accumulated; TrailingLogs entries stay after one for slow followers.
@@ -115,8 +124,15 @@ func (c RaftConfig) withDefaults() RaftConfig {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if c.QuietAfter > 0 && c.QuietHeartbeatTimeout == 0 {
+		c.QuietHeartbeatTimeout = max(DefaultQuietHeartbeatTimeout, c.HeartbeatTimeout)
+	}
 	return c
 }
+
+// DefaultQuietHeartbeatTimeout is a quiet group's heartbeat timeout: its
+// leader heartbeats each follower every 0.5–1 s.
+const DefaultQuietHeartbeatTimeout = 5 * time.Second
 
 func (c RaftConfig) validate() error {
 	bad := func(format string, args ...any) error {
@@ -135,6 +151,8 @@ func (c RaftConfig) validate() error {
 		return bad("LeaderLeaseTimeout (%s) is longer than HeartbeatTimeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
 	case c.ElectionTimeout < c.HeartbeatTimeout:
 		return bad("ElectionTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.ElectionTimeout, c.HeartbeatTimeout)
+	case c.QuietAfter > 0 && c.QuietHeartbeatTimeout < c.HeartbeatTimeout:
+		return bad("QuietHeartbeatTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.QuietHeartbeatTimeout, c.HeartbeatTimeout)
 	}
 	return nil
 }
@@ -156,6 +174,9 @@ type RaftReplica struct {
 	// raft's timer.
 	lastLeader atomic.Pointer[seenLeader]
 	leaderSeen atomic.Int64
+	// quiet switches an idle group's timing (RaftConfig.QuietAfter); nil
+	// if it has none.
+	quiet *quiescence
 }
 
 // seenLeader is a leader a replica followed.
@@ -258,6 +279,11 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 		return fail(err)
 	}
 	rep := &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}
+	if t, ok := cfg.Transport.(*Transport); ok && cfg.QuietAfter > 0 {
+		rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter,
+			fast: cfg.HeartbeatTimeout, slow: cfg.QuietHeartbeatTimeout, election: cfg.ElectionTimeout, logger: cfg.Logger}
+		t.quiet.Store(rep.quiet)
+	}
 	if !existing && len(cfg.Peers) > 0 {
 		err := r.BootstrapCluster(raft.Configuration{Servers: cfg.Peers}).Error()
 		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
@@ -347,6 +373,9 @@ func (r *RaftReplica) closeTransport() {
 
 // Close shuts Raft down and closes the log.
 func (r *RaftReplica) Close() error {
+	if r.quiet != nil {
+		r.quiet.close()
+	}
 	r.closeTransport()
 	err := r.Raft.Shutdown().Error()
 	if cerr := r.logs.Close(); err == nil {

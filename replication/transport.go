@@ -472,6 +472,9 @@ type Transport struct {
 
 	idle  idleAppends
 	eager atomic.Bool // SendEagerly
+	// quiet is the group's quiescence (transport_quiet.go), nil if it
+	// has none.
+	quiet atomic.Pointer[quiescence]
 	// mayDelay: the group's heartbeat timeout is long enough for its
 	// heartbeats to wait HeartbeatDelay (setHeartbeatTimeout).
 	mayDelay atomic.Bool
@@ -698,7 +701,11 @@ func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC, wait 
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	return &transportpb.RPC{Group: in.Group, Msgpack: out}, nil
+	answer := &transportpb.RPC{Group: in.Group, Msgpack: out}
+	if in.Timing != 0 {
+		answer.Timing = t.followTiming(req, resp, in.Timing)
+	}
+	return answer, nil
 }
 
 func (s *muxServer) AppendEntries(ctx context.Context, in *transportpb.RPC) (*transportpb.RPC, error) {

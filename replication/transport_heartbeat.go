@@ -32,14 +32,33 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	if err != nil {
 		return err
 	}
-	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload}, urgent, t.ctx.Done())
+	q := t.quiet.Load()
+	var word uint64
+	if q != nil {
+		word = q.sent(target)
+	}
+	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload, Timing: word}, urgent, t.ctx.Done())
 	if err != nil {
 		if cerr := t.isClosed(); cerr != nil {
 			return cerr // cut short by Close
 		}
+		if q != nil && word&1 == 1 {
+			// A follower that does not answer may be restarting: back
+			// on raft's fast timer a leader retries it within 100 ms,
+			// on the quiet one only after up to half the quiet timeout,
+			// and a restarted replica, on the fast timing of a new
+			// process, campaigns in vain meanwhile.
+			q.wake()
+		}
 		return fmt.Errorf("raft group %q: heartbeat to %s: %w", t.group, target, err)
 	}
-	return decode(out, resp)
+	if err := decode(out.msgpack, resp); err != nil {
+		return err
+	}
+	if q != nil && word != 0 && resp.Success {
+		q.acked(target, out.timing)
+	}
+	return nil
 }
 
 // heartbeatNow sends a heartbeat that does not wait for others to share
@@ -79,6 +98,7 @@ type hbCall struct {
 
 type hbResult struct {
 	msgpack []byte
+	timing  uint64 // the follower's answer to the heartbeat's timing word
 	err     error
 }
 
@@ -98,7 +118,7 @@ func (m *Mux) heartbeatsTo(target raft.ServerAddress) *heartbeats {
 // waits for the replicator making this call, which would otherwise wait up
 // to HeartbeatTimeout per group for a peer that does not answer. The answer
 // that comes later goes into done's buffer, unread.
-func (h *heartbeats) call(rpc *transportpb.RPC, urgent bool, closed <-chan struct{}) ([]byte, error) {
+func (h *heartbeats) call(rpc *transportpb.RPC, urgent bool, closed <-chan struct{}) (hbResult, error) {
 	c := &hbCall{rpc: rpc, done: make(chan hbResult, 1)}
 	h.mu.Lock()
 	h.queue = append(h.queue, c)
@@ -115,9 +135,9 @@ func (h *heartbeats) call(rpc *transportpb.RPC, urgent bool, closed <-chan struc
 	}
 	select {
 	case r := <-c.done:
-		return r.msgpack, r.err
+		return r, r.err
 	case <-closed:
-		return nil, ErrTransportClosed
+		return hbResult{}, ErrTransportClosed
 	}
 }
 
@@ -181,7 +201,7 @@ func (h *heartbeats) send(batch []*hbCall) {
 		if e := out.Rpcs[i].Error; e != "" {
 			c.done <- hbResult{err: errors.New(e)}
 		} else {
-			c.done <- hbResult{msgpack: out.Rpcs[i].Msgpack}
+			c.done <- hbResult{msgpack: out.Rpcs[i].Msgpack, timing: out.Rpcs[i].Timing}
 		}
 	}
 }

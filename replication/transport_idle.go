@@ -144,7 +144,7 @@ func (t *Transport) answerIdle(target raft.ServerAddress, req *raft.AppendEntrie
 	t.idle.mu.Lock()
 	a, ok := t.idle.last[target]
 	t.idle.mu.Unlock()
-	if !ok || a.key != key || now.Sub(a.sent) > cfg.IdleAppendRefresh {
+	if !ok || a.key != key || now.Sub(a.sent) > t.idleRefresh() {
 		return false
 	}
 	*resp = a.resp

@@ -32,7 +32,11 @@ type RPC struct {
 	Msgpack []byte                 `protobuf:"bytes,2,opt,name=msgpack,proto3" json:"msgpack,omitempty"`
 	// In a HeartbeatBatch answer: why this group's heartbeat failed (msgpack
 	// is then empty).
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Quiescence (replication/transport_quiet.go), on a heartbeat: the
+	// leader's timing word, epoch << 1 | 1 if the group is to run its quiet
+	// timing; on the answer: the word the follower now runs. Zero: not used.
+	Timing        uint64 `protobuf:"varint,4,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -86,6 +90,13 @@ func (x *RPC) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *RPC) GetTiming() uint64 {
+	if x != nil {
+		return x.Timing
+	}
+	return 0
 }
 
 type HeartbeatBatch struct {
@@ -196,11 +207,12 @@ var File_transport_proto protoreflect.FileDescriptor
 
 const file_transport_proto_rawDesc = "" +
 	"\n" +
-	"\x0ftransport.proto\x12\x13raftps.transport.v1\"K\n" +
+	"\x0ftransport.proto\x12\x13raftps.transport.v1\"c\n" +
 	"\x03RPC\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amsgpack\x18\x02 \x01(\fR\amsgpack\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\">\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
+	"\x06timing\x18\x04 \x01(\x04R\x06timing\">\n" +
 	"\x0eHeartbeatBatch\x12,\n" +
 	"\x04rpcs\x18\x01 \x03(\v2\x18.raftps.transport.v1.RPCR\x04rpcs\"S\n" +
 	"\rSnapshotChunk\x12\x14\n" +

@@ -1,0 +1,304 @@
+package replication
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// Quiescence: idle groups on a slow clock.
+//
+// Node pings and idle appends answered locally (transport_idle.go) took
+// the network out of an idle group's cost, but not raft's own clocks: a
+// leader heartbeats each follower every tenth of the heartbeat timeout,
+// and each heartbeat is still a message encoded, batched, sent, decoded
+// and handed to the follower's raft. hashicorp/raft cannot stop its timers,
+// but it can change them while it runs (Raft.ReloadConfig: the heartbeat
+// and election timeouts). A group that has written nothing for
+// RaftConfig.QuietAfter switches to QuietHeartbeatTimeout (seconds): its
+// leader heartbeats a few times a second at most and its followers'
+// timers allow for it. Failover does not wait for those timers: a dead
+// leader's node stops answering node pings, and ExpediteElection starts
+// the election after the same silence as for a busy group.
+//
+// The switch is the leader's, and its followers agree before it slows
+// down. Each heartbeat carries a timing word (transportpb.RPC.Timing): the
+// leader's epoch, counted up at every change, and a bit asking for the
+// quiet timing. A follower that accepts the heartbeat switches its own
+// timers to what the word asks and answers with the word it now runs.
+// The leader slows its heartbeats only once every follower it heartbeats
+// answered the quiet word of the current epoch; a follower on the fast
+// timer never waits for a leader on the slow one. Back the other way,
+// the leader speeds up first: when its log moves (a write, a membership
+// change) its next tick reloads the fast timing, which makes raft send
+// every follower a heartbeat at once, and those carry the word that
+// wakes the followers. Epochs keep an older word that arrives late (a
+// heartbeat batch overtaken by the next one) from undoing a newer one.
+//
+// Anything but a follower of a steady leader runs the fast timing: a
+// candidate (its election retries in milliseconds, not seconds), a
+// follower whose leader changed, a leader that hands over (WakeForTransfer:
+// a transfer that fails is abandoned after the election timeout) and a
+// replica whose expedited election starts.
+//
+// Concurrency: tick runs on the node's timing loop; follow on the
+// goroutines answering heartbeats; sent and acked on the senders'. mu
+// guards everything but word, which heartbeats read without it.
+type quiescence struct {
+	raft      *raft.Raft
+	transport *Transport
+	after     time.Duration
+	fast      time.Duration // the group's heartbeat (and election) timeout
+	slow      time.Duration // QuietHeartbeatTimeout
+	election  time.Duration // the group's election timeout
+	logger    hclog.Logger
+
+	// word is what this replica's heartbeats carry: 0 while it does not
+	// lead, else epoch<<1, | 1 to ask for the quiet timing.
+	word atomic.Uint64
+
+	mu     sync.Mutex
+	quiet  bool // raft runs the slow timing now
+	closed bool
+	// As leader.
+	leading   bool
+	epoch     uint64
+	lastIndex uint64
+	movedAt   time.Time
+	// acks is, per follower heartbeated since the log last moved, the
+	// last word it answered.
+	acks map[raft.ServerAddress]uint64
+	// As follower: the newest word accepted (its term and epoch), and
+	// the leader that sent it.
+	seenTerm, seenEpoch uint64
+	quietLeader         raft.ServerAddress
+}
+
+// quietCount counts replicas on the slow timing in this process, for
+// metrics and tests.
+var quietCount atomic.Int64
+
+// QuietReplicas returns how many replicas in this process run the quiet
+// timing now.
+func QuietReplicas() int64 { return quietCount.Load() }
+
+// setQuiet switches raft's timers. Called with mu held.
+func (q *quiescence) setQuiet(quiet bool) {
+	if q.quiet == quiet || q.closed {
+		return
+	}
+	rc := q.raft.ReloadableConfig()
+	rc.HeartbeatTimeout, rc.ElectionTimeout = q.fast, q.election
+	if quiet {
+		rc.HeartbeatTimeout, rc.ElectionTimeout = q.slow, max(q.slow, q.election)
+	}
+	if err := q.raft.ReloadConfig(rc); err != nil {
+		// Only an invalid config fails, and both were validated at open.
+		q.logger.Warn("switching raft timing", "quiet", quiet, "error", err)
+		return
+	}
+	q.transport.setHeartbeatTimeout(rc.HeartbeatTimeout)
+	q.quiet = quiet
+	if quiet {
+		quietCount.Add(1)
+	} else {
+		quietCount.Add(-1)
+	}
+}
+
+// tick moves the replica between the timings; the node calls it for each
+// group a few times per fast heartbeat timeout.
+func (q *quiescence) tick(now time.Time) {
+	state := q.raft.State()
+	index := q.raft.LastIndex()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if state != raft.Leader {
+		if q.leading {
+			q.leading = false
+			q.word.Store(0)
+			q.acks = nil
+		}
+		if q.quiet {
+			if addr, _ := q.raft.LeaderWithID(); state != raft.Follower || addr != q.quietLeader {
+				q.setQuiet(false)
+			}
+		}
+		return
+	}
+	if !q.leading || index != q.lastIndex {
+		// A new leadership, or the log moved: fast, and count the idle
+		// time from now. Followers are told by the heartbeats that the
+		// reload sends at once.
+		q.leading = true
+		q.lastIndex, q.movedAt = index, now
+		q.acks = map[raft.ServerAddress]uint64{}
+		if q.word.Load()&1 == 1 || q.word.Load() == 0 {
+			q.epoch++
+			q.word.Store(q.epoch << 1)
+		}
+		q.setQuiet(false)
+		return
+	}
+	if q.quiet || now.Sub(q.movedAt) < q.after {
+		return
+	}
+	w := q.word.Load()
+	if w&1 == 0 {
+		q.epoch++
+		q.word.Store(q.epoch<<1 | 1)
+		return
+	}
+	if len(q.acks) == 0 {
+		return // no follower heartbeated: nothing to slow down
+	}
+	for _, a := range q.acks {
+		if a != w {
+			return
+		}
+	}
+	q.setQuiet(true)
+}
+
+// wake puts the replica on the fast timing now, for what follows (an
+// election it starts, a leadership transfer); as leader it starts a new
+// epoch, so followers wake too, and the idle time is counted afresh.
+func (q *quiescence) wake() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.leading {
+		q.movedAt = time.Now()
+		q.acks = map[raft.ServerAddress]uint64{}
+		if q.word.Load()&1 == 1 {
+			q.epoch++
+			q.word.Store(q.epoch << 1)
+		}
+	}
+	q.setQuiet(false)
+}
+
+// sent notes that a heartbeat of this leader's went to target, and
+// returns the word it carries.
+func (q *quiescence) sent(target raft.ServerAddress) uint64 {
+	w := q.word.Load()
+	if w == 0 {
+		return 0
+	}
+	q.mu.Lock()
+	if q.acks != nil {
+		if _, ok := q.acks[target]; !ok {
+			q.acks[target] = 0
+		}
+	}
+	q.mu.Unlock()
+	return w
+}
+
+// acked notes the word target answered a heartbeat with.
+func (q *quiescence) acked(target raft.ServerAddress, w uint64) {
+	q.mu.Lock()
+	if q.acks != nil {
+		q.acks[target] = w
+	}
+	q.mu.Unlock()
+}
+
+// follow applies the word of a heartbeat this follower accepted (of
+// leader's, in term) and returns the word it runs now, for the answer: 0
+// if it ignored the word as older than one it already followed.
+func (q *quiescence) follow(term uint64, leader raft.ServerAddress, w uint64) uint64 {
+	epoch := w >> 1
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.leading {
+		// It accepted a leader's heartbeat: it follows now, whatever
+		// the last tick saw.
+		q.leading = false
+		q.word.Store(0)
+		q.acks = nil
+	}
+	if term < q.seenTerm || (term == q.seenTerm && epoch < q.seenEpoch) {
+		return 0
+	}
+	q.seenTerm, q.seenEpoch = term, epoch
+	q.quietLeader = leader
+	q.setQuiet(w&1 == 1)
+	return w
+}
+
+// followTiming applies the timing word w of a heartbeat this follower
+// answered with resp, and returns the word for the answer.
+func (t *Transport) followTiming(req, resp any, w uint64) uint64 {
+	q := t.quiet.Load()
+	hb, ok := req.(*raft.AppendEntriesRequest)
+	ans, ok2 := resp.(*raft.AppendEntriesResponse)
+	if q == nil || !ok || !ok2 || !ans.Success || !isHeartbeat(hb) {
+		return 0
+	}
+	return q.follow(hb.Term, raft.ServerAddress(hb.RPCHeader.Addr), w)
+}
+
+// idleRefresh is how long an idle append may be answered from memory
+// (transport_idle.go): on the quiet timing, as long as a quiet heartbeat
+// timeout, since nothing is being written that a lost follower would
+// miss for longer.
+func (t *Transport) idleRefresh() time.Duration {
+	r := t.mux.cfg.IdleAppendRefresh
+	if q := t.quiet.Load(); q != nil && q.word.Load()&1 == 1 {
+		r = max(r, q.slow)
+	}
+	return r
+}
+
+// close stops the switching; the replica is closing.
+func (q *quiescence) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.quiet {
+		quietCount.Add(-1)
+		q.quiet = false
+	}
+	q.closed = true
+	q.word.Store(0)
+}
+
+// Tick moves the replica between its fast and quiet timing
+// (RaftConfig.QuietAfter); the node calls it for every group several times
+// per heartbeat timeout. It does nothing for a replica without quiescence.
+func (r *RaftReplica) Tick(now time.Time) {
+	if r.quiet != nil {
+		r.quiet.tick(now)
+	}
+}
+
+// Wake puts the replica, and if it leads its followers, on the fast
+// timing before a leadership transfer: raft abandons a transfer that has
+// not succeeded within the election timeout, and refuses writes until
+// then.
+func (r *RaftReplica) Wake() {
+	if r.quiet != nil {
+		r.quiet.wake()
+	}
+}
+
+// Quiet says whether the replica runs the quiet timing now.
+func (r *RaftReplica) Quiet() bool {
+	if r.quiet == nil {
+		return false
+	}
+	r.quiet.mu.Lock()
+	defer r.quiet.mu.Unlock()
+	return r.quiet.quiet
+}
+
+// Tick is RaftReplica.Tick for the group's replica.
+func (g *Group) Tick(now time.Time) { g.replica.Tick(now) }
+
+// Wake is RaftReplica.Wake for the group's replica.
+func (g *Group) Wake() { g.replica.Wake() }
+
+// Quiet is RaftReplica.Quiet for the group's replica.
+func (g *Group) Quiet() bool { return g.replica.Quiet() }

@@ -120,6 +120,16 @@ type NodeConfig struct {
 	// bounded tables without a completed read for 1.2 s after a leader
 	// kill, over chaos's 1 s limit, so it is not the default yet.
 	GroupHeartbeatTimeout time.Duration
+	// QuiesceAfter is how long a shard group's log must stand still before
+	// its replicas switch to QuietHeartbeatTimeout (replication.RaftConfig
+	// .QuietAfter): an idle group's leader then heartbeats each follower
+	// every 0.5–1 s instead of every 20–40 ms, and the first write wakes it.
+	// Zero means DefaultQuiesceAfter; negative turns it off. It is off
+	// whenever ExpediteElection or PingInterval is, since those replace a
+	// quiet group's slow timers when its leader dies. QuietHeartbeatTimeout
+	// zero means replication.DefaultQuietHeartbeatTimeout.
+	QuiesceAfter          time.Duration
+	QuietHeartbeatTimeout time.Duration
 	// PingInterval and IdleAppendRefresh are the Mux's
 	// (replication.MuxConfig): how often a silent peer node is pinged,
 	// and how long an idle append may be answered from the follower's

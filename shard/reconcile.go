@@ -312,6 +312,7 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 			continue
 		}
 		n.lastTransfer[id] = now
+		g.Wake()
 		r, addr := g.Raft(), addrOf[pref]
 		n.wg.Go(func() {
 			if err := replication.Await(r, r.LeadershipTransferToServer(raft.ServerID(pref), raft.ServerAddress(addr))); err != nil {

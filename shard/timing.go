@@ -66,6 +66,7 @@ func (n *Node) expediteLoop() {
 		}
 		n.mu.RUnlock()
 		for _, g := range groups {
+			g.Tick(last)
 			// Only a silent peer node can be a silent leader's.
 			if silent {
 				if _, err := g.ExpediteElection(silence); err != nil {
@@ -89,6 +90,7 @@ func (n *Node) expediteLoop() {
 // handOver makes g's leader here, too slow to confirm its leadership in
 // time (replication.Group.SlowLeader), hand leadership to another voter.
 func (n *Node) handOver(g *replication.Group) {
+	g.Wake()
 	r := g.Raft()
 	n.log.Warn("leading too slowly: the last leadership checks each took over half the heartbeat timeout; handing leadership over", "group", g.ID())
 	n.spawn(func() {
@@ -108,10 +110,21 @@ const (
 	groupLeaderLease = 300 * time.Millisecond
 )
 
+// DefaultQuiesceAfter is how long a shard group's log stands still before
+// it switches to its quiet timing (NodeConfig.QuiesceAfter).
+const DefaultQuiesceAfter = 2 * time.Second
+
 // groupTiming is rc with the shard groups' timing: GroupHeartbeatTimeout
 // for the heartbeat and election timeouts, groupLeaderLease (at most the
-// heartbeat timeout) for the lease.
+// heartbeat timeout) for the lease, and quiescence.
 func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
+	if q := n.cfg.QuiesceAfter; q >= 0 && n.cfg.ExpediteElection >= 0 && n.cfg.PingInterval >= 0 {
+		rc.QuietAfter = q
+		if q == 0 {
+			rc.QuietAfter = DefaultQuiesceAfter
+		}
+		rc.QuietHeartbeatTimeout = n.cfg.QuietHeartbeatTimeout
+	}
 	hb := n.cfg.GroupHeartbeatTimeout
 	if hb <= 0 {
 		return rc

@@ -63,7 +63,7 @@ type quiescence struct {
 	mu     sync.Mutex
 	quiet  bool // raft runs the slow timing now
 	closed bool
-	// As leader.
+	// As leader (lastIndex as follower too).
 	leading   bool
 	epoch     uint64
 	lastIndex uint64
@@ -122,8 +122,16 @@ func (q *quiescence) tick(now time.Time) {
 			q.word.Store(0)
 			q.acks = nil
 		}
+		moved := index != q.lastIndex
+		if moved {
+			q.lastIndex, q.movedAt = index, now
+		}
 		if q.quiet {
-			if addr, _ := q.raft.LeaderWithID(); state != raft.Follower || addr != q.quietLeader {
+			// A follower whose log moved wakes without waiting for its
+			// leader's word: if that entry removes the leader (which then
+			// steps down), no word may come, and the group would wait for
+			// the slow timer.
+			if addr, _ := q.raft.LeaderWithID(); state != raft.Follower || addr != q.quietLeader || moved {
 				q.setQuiet(false)
 			}
 		}
@@ -225,6 +233,13 @@ func (q *quiescence) follow(term uint64, leader raft.ServerAddress, w uint64) ui
 	}
 	q.seenTerm, q.seenEpoch = term, epoch
 	q.quietLeader = leader
+	if w&1 == 1 && time.Since(q.movedAt) < q.after/2 {
+		// Still catching up (its log moved lately): it would wake at
+		// the next entry and go quiet again at the next word, and a
+		// leader that counted its answer could slow down just as it
+		// woke. Not yet; the leader waits.
+		return 0
+	}
 	q.setQuiet(w&1 == 1)
 	return w
 }

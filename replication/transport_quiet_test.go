@@ -120,6 +120,8 @@ func TestQuietGroupSleepsAndWakes(t *testing.T) {
 func TestQuietWordOlderIgnored(t *testing.T) {
 	c := newExpediteClusterWith(t, quietTiming, "w/0")
 	l, term := c.leader("w/0", 10*time.Second)
+	// Idle first: a follower whose log moved lately does not go quiet.
+	waitQuiet(t, c.groups["w/0"], true, 5*time.Second, -1)
 	g := c.groups["w/0"][(l+1)%3]
 	f := g.replica.quiet
 	leader := c.nodes[l].mux.cfg.LocalAddr

@@ -584,6 +584,7 @@ func (s *service) Status(ctx context.Context, req *shardpb.StatusRequest) (*shar
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
 			rs := n.replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
+			rs.Quiet = g.Quiet()
 			withSum(rs, sums)
 			resp.Replicas = append(resp.Replicas, rs)
 		}

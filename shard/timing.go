@@ -150,3 +150,17 @@ func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Ser
 	}
 	return rc
 }
+
+// QuietReplicas counts this node's shard replicas, and those of them on
+// their group's quiet timing (NodeConfig.QuiesceAfter).
+func (n *Node) QuietReplicas() (quiet, total int) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for _, g := range n.groups {
+		total++
+		if g.Quiet() {
+			quiet++
+		}
+	}
+	return quiet, total
+}

@@ -214,6 +214,54 @@ func TestClusterLeaderKill(t *testing.T) {
 	verify(t, c, l, "emb")
 }
 
+// TestClusterQuietLeaderKill: a table left idle goes quiet (every replica
+// on the slow timing, raftps server --quiesce-after); killing the node that
+// leads one of its shards still has a new leader within the expedited
+// election's silence, not the quiet timer's 5–10 s, and nothing
+// acknowledged is lost.
+func TestClusterQuietLeaderKill(t *testing.T) {
+	waitsMostly(t)
+	c := StartCluster(t, 3, FastRaft())
+	spec, err := c.Client().Tables().Create(context.Background(), counterSpec("idle", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger(t, spec)
+	pushLoad(t, c, l, "idle", 2, 20, nil)
+	allQuiet := func(skip int) bool {
+		for i := range 3 {
+			if i == skip {
+				continue
+			}
+			if q, n := c.Node(i).QuietReplicas(); n == 0 || q != n {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(15 * time.Second); !allQuiet(-1); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			for i := range 3 {
+				q, n := c.Node(i).QuietReplicas()
+				t.Logf("n%d: %d of %d replicas quiet", i+1, q, n)
+			}
+			t.Fatal("an idle table's replicas did not all go quiet within 15 s")
+		}
+	}
+	victim := c.Leader("idle", 0, 5*time.Second)
+	killed := time.Now()
+	c.Kill(victim)
+	next := c.Leader("idle", 0, 10*time.Second)
+	took := time.Since(killed)
+	t.Logf("killed n%d; n%d leads idle/0 after %s", victim+1, next+1, took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("a quiet shard took %s to replace its dead leader: the quiet timer (5-10 s), not the expedited election", took)
+	}
+	pushLoad(t, c, l, "idle", 2, 20, nil)
+	c.Start(victim)
+	verify(t, c, l, "idle")
+}
+
 func TestClusterRestartKeepsEverything(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())

@@ -78,6 +78,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		if r.Replication == "chain" {
 			state = "chain " + r.ChainRole // TERM is the chain's epoch, LEADER its head
 		}
+		if r.Quiet {
+			state += " (quiet)"
+		}
 		sum := ""
 		if *checksums {
 			sum = "\t-"

@@ -110,6 +110,9 @@ type ReplicaStatus struct {
 	ChainEpoch    uint64   `json:"chain_epoch,omitempty"`
 	ChainOrder    []string `json:"chain_order,omitempty"`
 	ChainCaughtUp bool     `json:"-"`
+	// Quiet: a Raft replica on its group's quiet timing (the group has
+	// been idle; raftps server --quiesce-after).
+	Quiet bool `json:"quiet,omitempty"`
 	// Checksum of the rows at Applied, if asked for (replicas of one shard
 	// at the same applied index must agree).
 	Checksum *uint64 `json:"checksum,omitempty"`
@@ -181,7 +184,7 @@ func StatusFromProto(r *shardpb.StatusResponse) NodeStatus {
 		rep := ReplicaStatus{Group: rs.Group, Node: r.NodeId, Table: rs.Table, Shard: int(rs.Shard), State: rs.State,
 			Leader: rs.LeaderId, LeaderAddr: rs.LeaderAddr, Term: rs.Term, Applied: rs.AppliedIndex, Commit: rs.CommitIndex,
 			Last: rs.LastIndex, Rows: rs.Rows, Memory: rs.MemoryBytes, Replication: cmp.Or(rs.Replication, "raft"),
-			ChainRole: rs.ChainRole, ChainEpoch: rs.ChainEpoch, ChainOrder: rs.ChainOrder, ChainCaughtUp: rs.ChainCaughtUp}
+			ChainRole: rs.ChainRole, ChainEpoch: rs.ChainEpoch, ChainOrder: rs.ChainOrder, ChainCaughtUp: rs.ChainCaughtUp, Quiet: rs.Quiet}
 		if rs.HasChecksum {
 			sum := rs.Checksum
 			rep.Checksum = &sum

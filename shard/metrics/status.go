@@ -39,6 +39,7 @@ var (
 	descMem         = prometheus.NewDesc("raftps_replica_memory_bytes", "Memory a replica's table holds (rows and optimizer state).", replicaLabels, nil)
 	descNodeRepl    = prometheus.NewDesc("raftps_node_replicas", "Shard replicas this node holds (the metadata group's not counted).", nil, nil)
 	descNodeLeaders = prometheus.NewDesc("raftps_node_leaders", "Shard groups this node leads (chains: heads).", nil, nil)
+	descNodeQuiet   = prometheus.NewDesc("raftps_node_quiet_replicas", "Shard replicas of this node on their group's quiet timing (idle groups, --quiesce-after).", nil, nil)
 	descMetaLeader  = prometheus.NewDesc("raftps_meta_leader", "1 on the node that leads the metadata group: its cluster gauges are the authoritative ones.", nil, nil)
 	descMembers     = prometheus.NewDesc("raftps_cluster_members", "Nodes by gossip state (alive, suspect, dead) as this node sees them.", []string{"state"}, nil)
 	descUnder       = prometheus.NewDesc("raftps_cluster_under_replicated_shards", "Shards with fewer live replicas than their table asks for, as this node sees them.", nil, nil)
@@ -84,7 +85,7 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDiskFree, float64(l.DiskFreeBytes))
 		gauge(descDiskSize, float64(l.DiskSizeBytes))
 	}
-	var replicas, leaders, metaLeader float64
+	var replicas, leaders, quiet, metaLeader float64
 	for _, r := range st.Replicas {
 		table, shard := r.Table, strconv.Itoa(int(r.Shard))
 		if r.Group == "meta" {
@@ -96,6 +97,9 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 			replicas++
 			if r.State == "leader" {
 				leaders++
+			}
+			if r.Quiet {
+				quiet++
 			}
 		}
 		repl, role := "raft", r.State
@@ -118,6 +122,7 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descNodeRepl, replicas)
 	gauge(descNodeLeaders, leaders)
+	gauge(descNodeQuiet, quiet)
 	gauge(descMetaLeader, metaLeader)
 	states := map[string]float64{"alive": 0, "suspect": 0, "dead": 0}
 	for _, nd := range st.Nodes {

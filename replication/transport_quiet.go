@@ -77,14 +77,6 @@ type quiescence struct {
 	quietLeader         raft.ServerAddress
 }
 
-// quietCount counts replicas on the slow timing in this process, for
-// metrics and tests.
-var quietCount atomic.Int64
-
-// QuietReplicas returns how many replicas in this process run the quiet
-// timing now.
-func QuietReplicas() int64 { return quietCount.Load() }
-
 // setQuiet switches raft's timers. Called with mu held.
 func (q *quiescence) setQuiet(quiet bool) {
 	if q.quiet == quiet || q.closed {
@@ -102,11 +94,6 @@ func (q *quiescence) setQuiet(quiet bool) {
 	}
 	q.transport.setHeartbeatTimeout(rc.HeartbeatTimeout)
 	q.quiet = quiet
-	if quiet {
-		quietCount.Add(1)
-	} else {
-		quietCount.Add(-1)
-	}
 }
 
 // tick moves the replica between the timings; the node calls it for each
@@ -143,7 +130,7 @@ func (q *quiescence) tick(now time.Time) {
 		// reload sends at once.
 		q.leading = true
 		q.lastIndex, q.movedAt = index, now
-		q.acks = map[raft.ServerAddress]uint64{}
+		q.resetAcks()
 		if q.word.Load()&1 == 1 || q.word.Load() == 0 {
 			q.epoch++
 			q.word.Store(q.epoch << 1)
@@ -171,6 +158,15 @@ func (q *quiescence) tick(now time.Time) {
 	q.setQuiet(true)
 }
 
+// resetAcks forgets the followers' answers; a busy leader does this at
+// every tick, so the map is reused. Called with mu held.
+func (q *quiescence) resetAcks() {
+	if q.acks == nil {
+		q.acks = map[raft.ServerAddress]uint64{}
+	}
+	clear(q.acks)
+}
+
 // wake puts the replica on the fast timing now, for what follows (an
 // election it starts, a leadership transfer); as leader it starts a new
 // epoch, so followers wake too, and the idle time is counted afresh.
@@ -179,7 +175,7 @@ func (q *quiescence) wake() {
 	defer q.mu.Unlock()
 	if q.leading {
 		q.movedAt = time.Now()
-		q.acks = map[raft.ServerAddress]uint64{}
+		q.resetAcks()
 		if q.word.Load()&1 == 1 {
 			q.epoch++
 			q.word.Store(q.epoch << 1)
@@ -272,10 +268,7 @@ func (t *Transport) idleRefresh() time.Duration {
 func (q *quiescence) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.quiet {
-		quietCount.Add(-1)
-		q.quiet = false
-	}
+	q.quiet = false
 	q.closed = true
 	q.word.Store(0)
 }

@@ -140,3 +140,35 @@ func TestQuietWordOlderIgnored(t *testing.T) {
 		t.Fatalf("a new term's first quiet word: answered %d, quiet %v", got, g.Quiet())
 	}
 }
+
+// TestQuietLeaderWakesWhenAFollowerStopsAnswering: a quiet leader whose
+// heartbeat to a follower fails goes back to the fast timing (on the quiet
+// one raft would retry that follower only after up to half the quiet
+// timeout, and a restarted replica would campaign in vain meanwhile), and
+// stays there while the follower is gone.
+func TestQuietLeaderWakesWhenAFollowerStopsAnswering(t *testing.T) {
+	c := newExpediteClusterWith(t, quietTiming, "f/0")
+	gs := c.groups["f/0"]
+	l, _ := c.leader("f/0", 10*time.Second)
+	waitQuiet(t, gs, true, 5*time.Second, -1)
+	f := (l + 1) % 3
+	c.mu.Lock()
+	c.stopped[f] = true
+	c.mu.Unlock()
+	c.nodes[f].stop()
+	gs[f].Close()
+	// The next quiet heartbeat to it (0.3–0.6 s) fails.
+	deadline := time.Now().Add(3 * time.Second)
+	for gs[l].Quiet() {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader stayed quiet although a follower stopped answering")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Idle for longer than QuietAfter: it asks again, the follower that
+	// is gone never answers, and the leader stays fast.
+	time.Sleep(time.Second)
+	if gs[l].Quiet() {
+		t.Fatal("the leader went quiet again without an answer from every follower")
+	}
+}

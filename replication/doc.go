@@ -44,13 +44,19 @@
 // little (transport_idle.go), the Mux pings every peer it has not heard
 // from lately, keeping LastHeard a measure of node liveness, and a
 // group's transport answers an idle append identical to one the follower
-// accepted lately from that answer instead of sending it. Closing a group's Transport ends its calls in flight, so
+// accepted lately from that answer instead of sending it. A group whose log
+// stands still goes quiet (transport_quiet.go, RaftConfig.QuietAfter): its
+// replicas reload raft's heartbeat and election timeouts to seconds, agreed
+// through a timing word on the leader's heartbeats, and its failover is left
+// to ExpediteElection. Closing a group's Transport ends its calls in flight, so
 // that raft's Shutdown, which waits for the replicators making them, does
 // not wait out a timeout on a peer that does not answer.
 //
 // # Concurrency
 //
-// Push, Pull and the accessors are safe for concurrent use. Raft calls the
+// Push, Pull and the accessors are safe for concurrent use; Tick and Wake
+// too (a group's quiescence has a mutex of its own, and reloads raft's
+// timing only under it). Raft calls the
 // FSM's Apply, Snapshot and Restore one at a time on its FSM goroutine; a
 // snapshot is persisted on another goroutine while applies go on (store's
 // copy-on-write snapshots make that safe). Readers reach the table through an

@@ -118,7 +118,8 @@ type NodeConfig struct {
 	// Raft.HeartbeatTimeout: with 1s an idle cluster's shard groups cost
 	// about half (docs/BENCHMARKS.md), but a clean-clone make test saw
 	// bounded tables without a completed read for 1.2 s after a leader
-	// kill, over chaos's 1 s limit, so it is not the default yet.
+	// kill, over chaos's 1 s limit, so it is not the default yet. Idle
+	// groups go quiet anyway (QuiesceAfter), whatever this is.
 	GroupHeartbeatTimeout time.Duration
 	// QuiesceAfter is how long a shard group's log must stand still before
 	// its replicas switch to QuietHeartbeatTimeout (replication.RaftConfig

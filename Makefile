@@ -163,7 +163,7 @@ compose-down: ## remove the containers (n4, n5 too), the network and the data vo
 # (test/chaos_test.go) and, when a Docker engine answers, test-docker: a
 # fresh compose cluster, a chaos round with kills, pauses and network
 # partitions, then the cluster is removed whatever the verdict.
-CHAOS_DOCKER_ARGS ?= --duration 30s --every 8s --down 2500ms --faults kill-leader,partition-leader,pause-leader
+CHAOS_DOCKER_ARGS ?= --duration 30s --every 8s --down 2500ms --faults kill-leader,partition-leader,pause-leader --tables chaos_lin,chaos_bnd,chaos_idl
 test-docker: build ## build the image, start the compose cluster, a chaos round with a kill, a docker network partition and a pause, tear down (~1.5 min)
 	@$(MAKE) --no-print-directory compose-down >/dev/null 2>&1 || true
 	@$(MAKE) --no-print-directory compose-up
@@ -187,7 +187,7 @@ SOAK_TARGET ?= local
 # contains "hot" hot keys). SOAK_NODES: the local cluster's size; hot-key
 # read replicas need more nodes than replicas (5, with tables such as
 # chaos_bnd_hot,chaos_chn_bnd_hot).
-SOAK_TABLES ?= chaos_lin,chaos_bnd,chaos_evt,chaos_chn
+SOAK_TABLES ?= chaos_lin,chaos_bnd,chaos_evt,chaos_chn,chaos_idl
 # Faults in turn, one every SOAK_EVERY; slow-node delays one node's every
 # message by 200 ms (tc netem in a container's namespace under docker).
 SOAK_FAULTS ?= kill-leader,pause-leader,partition-leader,partition-minority,slow-node

@@ -51,12 +51,15 @@ func runChaosEnv(t *testing.T, env []string, bin, dir string, args ...string) (c
 // history linearizable, bounded pulls within their bound, replicas equal,
 // writes back within a few seconds of each fault, and the bounded table's
 // reads answered through every single-node fault (chaos fails a run whose
-// read window is over a second; every fault must report one per table).
+// read window is over a second; every fault must report one per table with
+// readers). The idle table has no workload: its groups are quiet when a
+// fault hits their leader, and the probe's push to them must come back
+// (the majority cut hits every group, so at least that fault measures it).
 func TestBinaryChaosLocal(t *testing.T) {
 	// Beside TestBinaryPausedLeaderNoAttemptTimeout, which mostly waits.
 	t.Parallel()
 	bin, dir, _ := binaryCluster(t, fastTimeouts, "--fault-injection")
-	s, code := runChaos(t, bin, dir, "--duration", "32s", "--every", "8s", "--down", "2500ms", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority", "--tables", "chaos_lin,chaos_bnd,chaos_chn")
+	s, code := runChaos(t, bin, dir, "--duration", "32s", "--every", "8s", "--down", "2500ms", "--faults", "kill-leader,pause-leader,partition-leader,partition-majority", "--tables", "chaos_lin,chaos_bnd,chaos_chn,chaos_idl")
 	t.Logf("chaos: %d faults, %d acked, %d unknown, linearizable %v, staleness %v, checksums equal %v",
 		len(s.Faults), s.Acked, s.Unknown, deref(s.Linearizable), deref(s.Staleness), s.ChecksumsEqual)
 	if code != 0 || len(s.Violations) > 0 {
@@ -65,14 +68,24 @@ func TestBinaryChaosLocal(t *testing.T) {
 	if len(s.Faults) != 4 {
 		t.Errorf("%d faults injected, want 4 (one of each kind)", len(s.Faults))
 	}
+	idleHit := 0
 	for _, f := range s.Faults {
-		t.Logf("  %s %s: writes back after %d ms, read windows %v ms, read p99 %v ms", f.Kind, f.Node, f.UnavailableMs, f.ReadWindowMs, f.ReadP99Ms)
+		t.Logf("  %s %s: writes back after %d ms (idle tables %d ms), read windows %v ms, read p99 %v ms", f.Kind, f.Node, f.UnavailableMs, f.IdleUnavailableMs, f.ReadWindowMs, f.ReadP99Ms)
+		if f.IdleUnavailableMs >= 0 {
+			idleHit++
+			if f.IdleUnavailableMs > 5000 {
+				t.Errorf("fault %s on %s: the idle table's writes came back after %d ms", f.Kind, f.Node, f.IdleUnavailableMs)
+			}
+		}
 		if f.UnavailableMs < 0 || f.UnavailableMs > 5000 || f.Error != "" {
 			t.Errorf("fault %s on %s: unavailable %d ms, error %q", f.Kind, f.Node, f.UnavailableMs, f.Error)
 		}
 		if len(f.ReadWindowMs) != 3 || len(f.ReadP99Ms) != 3 {
 			t.Errorf("fault %s on %s: read windows %v and p99 %v, want one per table", f.Kind, f.Node, f.ReadWindowMs, f.ReadP99Ms)
 		}
+	}
+	if idleHit == 0 {
+		t.Error("no fault measured the idle table's writes")
 	}
 	if s.Acked < 200 || s.Lost != 0 || s.Doubled != 0 || s.Linearizable == nil || !*s.Linearizable ||
 		s.Staleness == nil || !*s.Staleness || !s.ChecksumsEqual {

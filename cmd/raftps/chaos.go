@@ -19,7 +19,7 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cc.Duration, "duration", 2*time.Minute, "how long the workload runs")
 	fs.DurationVar(&cc.Every, "every", 10*time.Second, "one fault this often, in turn from --faults")
 	fs.StringVar(&faults, "faults", "kill-leader,pause-leader", "comma-separated: "+strings.Join(chaos.FaultKinds, ", "))
-	fs.StringVar(&tables, "tables", "chaos_lin,chaos_bnd", "tables to run the workload on; created if missing: a name containing \"bnd\" as bounded:100ms, \"evt\" as eventual, any other linearizable; one containing \"chn\" as a chain table, one containing \"hot\" with hot keys at 5 pulls/s and 2 read replicas (dim 2, SGD lr=1, zeros)")
+	fs.StringVar(&tables, "tables", "chaos_lin,chaos_bnd", "tables to run the workload on; created if missing: a name containing \"bnd\" as bounded:100ms, \"evt\" as eventual, any other linearizable; one containing \"chn\" as a chain table, one containing \"hot\" with hot keys at 5 pulls/s and 2 read replicas, one containing \"idl\" without workload (only the probes after faults write to it, so its groups are quiet when a fault hits them; its window is reported as idle tables) (dim 2, SGD lr=1, zeros)")
 	fs.IntVar(&cc.Clients, "clients", 3, "workload clients per table (pushes and pulls)")
 	fs.IntVar(&cc.Readers, "readers", 1, "pull-only clients per table, whose pulls measure how long a fault leaves reads unanswered")
 	fs.DurationVar(&cc.SlowBy, "slow-by", chaos.DefaultSlowBy, "how late a slow-node fault makes its node answer")

@@ -107,6 +107,10 @@ type Fault struct {
 	// ReplicatedMs: from the fault until every replica of Groups had caught
 	// up again after the node was healed (-1: not measured or not reached).
 	ReplicatedMs int64 `json:"replicated_ms"`
+	// IdleUnavailableMs: the same for the idle tables' groups among
+	// Groups (IsIdle): groups quiet when the fault hit them
+	// (-1: none of Groups is an idle table's).
+	IdleUnavailableMs int64 `json:"idle_unavailable_ms"`
 	// ReadWindowMs: by table, the longest stretch of the fault's slot (from
 	// the fault to the next) in which no pull of the table completed: how
 	// long its readers went unanswered. ReadP99Ms: by table, the 99th
@@ -117,13 +121,15 @@ type Fault struct {
 }
 
 type TableResult struct {
-	Name    string `json:"name"`
-	Level   string `json:"level"`
-	Acked   int    `json:"acked"`
-	Pulls   int    `json:"pulls"`
-	Lost    int    `json:"lost"`
-	Doubled int    `json:"doubled"`
-	Unknown int    `json:"unknown"`
+	Name  string `json:"name"`
+	Level string `json:"level"`
+	// Idle: no workload, only the probes after faults (IsIdle).
+	Idle    bool `json:"idle,omitempty"`
+	Acked   int  `json:"acked"`
+	Pulls   int  `json:"pulls"`
+	Lost    int  `json:"lost"`
+	Doubled int  `json:"doubled"`
+	Unknown int  `json:"unknown"`
 	// How the unknown-outcome pushes resolved, per (push, key): provably
 	// applied, provably not, or not determinable from the final rows.
 	UnknownApplied    int `json:"unknown_applied"`
@@ -173,12 +179,15 @@ type KindSummary struct {
 	// ReadWindowMaxMs: by table, the longest read window of the kind's
 	// faults.
 	ReadWindowMaxMs map[string]int64 `json:"read_window_max_ms"`
+	// IdleMaxMs: the longest IdleUnavailableMs of the kind's faults (-1:
+	// none hit an idle table).
+	IdleMaxMs int64 `json:"idle_unavailable_max_ms"`
 }
 
 func summarizeFaults(faults []Fault) []KindSummary {
 	var out []KindSummary
 	for _, kind := range FaultKinds {
-		s := KindSummary{Kind: kind}
+		s := KindSummary{Kind: kind, IdleMaxMs: -1}
 		var un, rep []int64
 		for _, f := range faults {
 			if f.Kind != kind {
@@ -195,6 +204,7 @@ func summarizeFaults(faults []Fault) []KindSummary {
 				s.Failed++
 				continue
 			}
+			s.IdleMaxMs = max(s.IdleMaxMs, f.IdleUnavailableMs)
 			un = append(un, f.UnavailableMs)
 			if f.ReplicatedMs >= 0 {
 				rep = append(rep, f.ReplicatedMs)
@@ -220,6 +230,12 @@ func quantile(xs []int64, q float64) int64 {
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
+
+// IsIdle says whether the table named name is an idle one: created like
+// the others, but without workload clients, so that only the probes after
+// faults write to it and its groups are quiet (raftps server
+// --quiesce-after) when a fault hits their leader.
+func IsIdle(name string) bool { return strings.Contains(name, "idl") }
 
 // TableSpec is the spec chaos creates a missing table with: a name
 // containing "bnd" makes it bounded:100ms, "evt" eventual, any other
@@ -355,6 +371,9 @@ func run1(cc Config, target Target, progress io.Writer) (*Report, error) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, name := range cc.Tables {
+		if IsIdle(name) {
+			continue
+		}
 		for w := range cc.Clients + cc.Readers {
 			cl, err := newClient(addrs, time.Second, 0)
 			if err != nil {
@@ -427,6 +446,9 @@ func (r *run) readWindows(faults []Fault) []string {
 		at := r.start.Add(time.Duration(f.AtS * float64(time.Second)))
 		f.ReadWindowMs, f.ReadP99Ms = map[string]int64{}, map[string]int64{}
 		for _, name := range r.cc.Tables {
+			if IsIdle(name) {
+				continue // no readers
+			}
 			rec := r.recs[name]
 			ops := rec.Ops()
 			// The slot ends at the next fault or the workload's end.

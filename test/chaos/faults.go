@@ -62,7 +62,7 @@ func (r *run) nodeIDs(ctx context.Context) ([]string, error) {
 // the shards the victim led until they succeed, heals it after cc.down (but
 // kill-node), and waits for the shards' replicas to catch up.
 func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
-	f := Fault{Kind: kind, AtS: time.Since(r.start).Seconds(), UnavailableMs: -1, ReplicatedMs: -1}
+	f := Fault{Kind: kind, AtS: time.Since(r.start).Seconds(), UnavailableMs: -1, ReplicatedMs: -1, IdleUnavailableMs: -1}
 	leaders := r.leaders(ctx)
 	ids, err := r.nodeIDs(ctx)
 	if err != nil || len(leaders) == 0 {
@@ -147,16 +147,30 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 		}
 	}
 	r.logf("%s: %s (leading %s)", kind, f.Node, strings.Join(f.Groups, " "))
-	// The probe runs across the heal: with a majority cut off, writes come
-	// back only after it.
+	// The probes run across the heal: with a majority cut off, writes
+	// come back only after it. The idle tables' groups are probed apart:
+	// they were quiet when the fault hit, and their window is reported on
+	// its own.
 	type probed struct {
 		d  time.Duration
 		ok bool
 	}
-	probe := make(chan probed, 1)
+	var busy, idle []group
+	for _, g := range affected {
+		if IsIdle(g.table) {
+			idle = append(idle, g)
+		} else {
+			busy = append(busy, g)
+		}
+	}
+	probe, idleProbe := make(chan probed, 1), make(chan probed, 1)
 	go func() {
-		d, ok := r.probe(affected, t0.Add(r.cc.Every-r.cc.Down/2))
+		d, ok := r.probe(busy, t0.Add(r.cc.Every-r.cc.Down/2))
 		probe <- probed{d, ok}
+	}()
+	go func() {
+		d, ok := r.probe(idle, t0.Add(r.cc.Every-r.cc.Down/2))
+		idleProbe <- probed{d, ok}
 	}()
 	if kind != "kill-node" {
 		time.Sleep(time.Until(t0.Add(r.cc.Down)))
@@ -169,16 +183,33 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 	if p := <-probe; p.ok {
 		f.UnavailableMs = p.d.Milliseconds()
 	}
+	idleNote := ""
+	if p := <-idleProbe; len(idle) > 0 {
+		if p.ok {
+			f.IdleUnavailableMs = p.d.Milliseconds()
+			idleNote = fmt.Sprintf(" (idle tables: %d ms)", f.IdleUnavailableMs)
+		} else if f.Error == "" {
+			f.Error = fmt.Sprintf("an idle table's shard (of %s) took no write before the next fault", groupNames(idle))
+		}
+	}
 	if kind == "kill-node" {
 		r.killed[victims[0]] = true
-		r.logf("  writes back after %d ms; %s stays down", f.UnavailableMs, victims[0])
+		r.logf("  writes back after %d ms%s; %s stays down", f.UnavailableMs, idleNote, victims[0])
 		return f
 	}
 	if d, ok := r.caughtUp(ctx, affected, t0.Add(r.cc.Every-r.cc.Down/4)); ok {
 		f.ReplicatedMs = d.Sub(t0).Milliseconds()
 	}
-	r.logf("  writes back after %d ms, replicas caught up after %d ms", f.UnavailableMs, f.ReplicatedMs)
+	r.logf("  writes back after %d ms%s, replicas caught up after %d ms", f.UnavailableMs, idleNote, f.ReplicatedMs)
 	return f
+}
+
+func groupNames(gs []group) string {
+	names := make([]string, len(gs))
+	for i, g := range gs {
+		names[i] = g.String()
+	}
+	return strings.Join(names, " ")
 }
 
 // probe pushes to each affected group until one push each is
@@ -372,7 +403,7 @@ func (r *run) check(ctx context.Context, name string, faults []Fault) (TableResu
 	spec := r.specs[name]
 	rec := r.recs[name]
 	ops := rec.Ops()
-	tr := TableResult{Name: name, Level: spec.Consistency.String(), History: filepath.Join(r.cc.OutDir, name+".jsonl")}
+	tr := TableResult{Name: name, Level: spec.Consistency.String(), Idle: IsIdle(name), History: filepath.Join(r.cc.OutDir, name+".jsonl")}
 	// Fault-free: called neither while a fault lasted nor in the second
 	// after its heal.
 	tr.ReadP99Ms = pullP99(ops, func(call int64) bool {
@@ -474,9 +505,11 @@ func (r *run) check(ctx context.Context, name string, faults []Fault) (TableResu
 // PrintReport prints a report for people.
 func PrintReport(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\n==> chaos on %s, %.0fs\n", rep.Target, rep.DurationS)
-	var tables []string
+	var tables []string // with readers: the idle ones have none
 	for _, t := range rep.Tables {
-		tables = append(tables, t.Name)
+		if !t.Idle {
+			tables = append(tables, t.Name)
+		}
 	}
 	fmt.Fprintf(w, "%-20s %-10s %16s %16s  %-28s %s\n", "FAULT", "NODE", "UNAVAILABLE(ms)", "REPLICATED(ms)", "SHARDS LED", "READ WINDOW/P99 (ms) "+strings.Join(tables, " "))
 	for _, f := range rep.Faults {
@@ -485,19 +518,22 @@ func PrintReport(w io.Writer, rep *Report) {
 			reads = append(reads, fmt.Sprintf("%d/%d", f.ReadWindowMs[t], f.ReadP99Ms[t]))
 		}
 		fmt.Fprintf(w, "%-20s %-10s %16d %16d  %-28s %s", f.Kind, f.Node, f.UnavailableMs, f.ReplicatedMs, strings.Join(f.Groups, " "), strings.Join(reads, " "))
+		if f.IdleUnavailableMs >= 0 {
+			fmt.Fprintf(w, "  idle tables %d ms", f.IdleUnavailableMs)
+		}
 		if f.Error != "" {
 			fmt.Fprintf(w, "  ERROR: %s", f.Error)
 		}
 		fmt.Fprintln(w)
 	}
 	if len(rep.Faults) > 3 {
-		fmt.Fprintf(w, "%-20s %6s %7s %10s %10s %10s %16s  %s\n", "KIND", "COUNT", "FAILED", "P50(ms)", "P99(ms)", "MAX(ms)", "REPLICATED P50", "READ WINDOW MAX (ms)")
+		fmt.Fprintf(w, "%-20s %6s %7s %10s %10s %10s %16s %14s  %s\n", "KIND", "COUNT", "FAILED", "P50(ms)", "P99(ms)", "MAX(ms)", "REPLICATED P50", "IDLE MAX(ms)", "READ WINDOW MAX (ms)")
 		for _, k := range rep.ByKind {
 			var reads []string
 			for _, t := range tables {
 				reads = append(reads, fmt.Sprint(k.ReadWindowMaxMs[t]))
 			}
-			fmt.Fprintf(w, "%-20s %6d %7d %10d %10d %10d %16d  %s\n", k.Kind, k.Count, k.Failed, k.P50Ms, k.P99Ms, k.MaxMs, k.RepP50Ms, strings.Join(reads, " "))
+			fmt.Fprintf(w, "%-20s %6d %7d %10d %10d %10d %16d %14d  %s\n", k.Kind, k.Count, k.Failed, k.P50Ms, k.P99Ms, k.MaxMs, k.RepP50Ms, k.IdleMaxMs, strings.Join(reads, " "))
 		}
 	}
 	verdict := func(v *bool) string {

@@ -106,6 +106,11 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 	if heard, ok := t.mux.LastHeard(leaderAddr); ok && now.Sub(heard) < wait {
 		return false, nil
 	}
+	// The leader's node is silent. Whether or not the election below may
+	// start, a quiet replica goes back to the fast timing, so that raft's
+	// own timer (and pre-vote) takes over within a fast heartbeat timeout
+	// where this election cannot, not the quiet timer's seconds.
+	r.Wake()
 	if !r.reachesMajority(leaderID, now, silence) {
 		// Cut off ourselves: an election without pre-vote would only
 		// raise our term, and at the heal depose a leader that lives.

@@ -172,3 +172,33 @@ func TestQuietLeaderWakesWhenAFollowerStopsAnswering(t *testing.T) {
 		t.Fatal("the leader went quiet again without an answer from every follower")
 	}
 }
+
+// TestQuietFollowerWakesWhenItsLeaderFallsSilent: a quiet follower whose
+// leader's node falls silent goes back to the fast timing even when it
+// cannot start the expedited election (here the other follower's node is
+// gone too, so it reaches no majority): raft's own timer then takes over
+// within a fast heartbeat timeout, as before groups went quiet, rather
+// than the quiet timer's seconds.
+func TestQuietFollowerWakesWhenItsLeaderFallsSilent(t *testing.T) {
+	c := newExpediteClusterWith(t, quietTiming, "s/0")
+	gs := c.groups["s/0"]
+	l, _ := c.leader("s/0", 10*time.Second)
+	waitQuiet(t, gs, true, 5*time.Second, -1)
+	other, last := (l+1)%3, (l+2)%3
+	c.mu.Lock()
+	c.stopped[l], c.stopped[other] = true, true
+	c.mu.Unlock()
+	for _, i := range []int{l, other} {
+		c.nodes[i].stop()
+		gs[i].Close()
+	}
+	// Its quiet timer would fire 3–6 s after the last heartbeat, at least
+	// 2.4 s from now.
+	deadline := time.Now().Add(2 * time.Second)
+	for gs[last].Quiet() {
+		if time.Now().After(deadline) {
+			t.Fatal("the follower stayed quiet although its leader's node fell silent")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -106,11 +106,16 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 	if heard, ok := t.mux.LastHeard(leaderAddr); ok && now.Sub(heard) < wait {
 		return false, nil
 	}
-	// The leader's node is silent. Whether or not the election below may
-	// start, a quiet replica goes back to the fast timing, so that raft's
-	// own timer (and pre-vote) takes over within a fast heartbeat timeout
-	// where this election cannot, not the quiet timer's seconds.
-	r.Wake()
+	// The leader's node is silent. Whether or not the election below
+	// starts, a quiet replica goes back to the fast timing: where this
+	// election may not start, raft's own timer (and pre-vote) takes over
+	// within a fast heartbeat timeout, not the quiet timer's seconds.
+	// Deferred, so that an election started below wakes the replica after
+	// its TimeoutNow, not before: woken first, its own timer would fire
+	// and start an election with pre-vote, not as a transfer, which the
+	// other follower, still following the dead leader, refuses; woken
+	// after, the candidate retries on the fast timer if this one fails.
+	defer r.Wake()
 	if !r.reachesMajority(leaderID, now, silence) {
 		// Cut off ourselves: an election without pre-vote would only
 		// raise our term, and at the heal depose a leader that lives.
@@ -133,12 +138,6 @@ func (r *RaftReplica) ExpediteElection(silence time.Duration) (bool, error) {
 		ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(r.cfg.NodeID), Addr: []byte(t.LocalAddr())}}, nil); err != nil {
 		return false, fmt.Errorf("group %s: starting an election: %w", r.cfg.ID, err)
 	}
-	// After TimeoutNow, not before: waking a quiet follower first would
-	// fire its own timer, whose election (with pre-vote, not as a
-	// transfer) the other follower, still following the dead leader,
-	// refuses; woken now, the candidate retries on the fast timer if this
-	// election fails.
-	r.Wake()
 	expedited.Add(1)
 	return true, nil
 }

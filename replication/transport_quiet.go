@@ -40,9 +40,10 @@ import (
 //
 // Anything but a follower of a steady leader runs the fast timing: a
 // candidate (its election retries in milliseconds, not seconds), a
-// follower whose leader changed, a leader that hands over (WakeForTransfer:
-// a transfer that fails is abandoned after the election timeout) and a
-// replica whose expedited election starts.
+// follower whose leader changed, a leader that hands over
+// (Group.TransferLeadership: a transfer that fails is abandoned after the
+// election timeout) and a replica whose leader's node fell silent
+// (ExpediteElection).
 //
 // Concurrency: tick runs on the node's timing loop; follow on the
 // goroutines answering heartbeats; sent and acked on the senders'. mu
@@ -283,9 +284,7 @@ func (r *RaftReplica) Tick(now time.Time) {
 }
 
 // Wake puts the replica, and if it leads its followers, on the fast
-// timing before a leadership transfer: raft abandons a transfer that has
-// not succeeded within the election timeout, and refuses writes until
-// then.
+// timing (ExpediteElection, TransferLeadership).
 func (r *RaftReplica) Wake() {
 	if r.quiet != nil {
 		r.quiet.wake()
@@ -305,8 +304,18 @@ func (r *RaftReplica) Quiet() bool {
 // Tick is RaftReplica.Tick for the group's replica.
 func (g *Group) Tick(now time.Time) { g.replica.Tick(now) }
 
-// Wake is RaftReplica.Wake for the group's replica.
-func (g *Group) Wake() { g.replica.Wake() }
+// TransferLeadership hands this leader's group to the voter id at addr,
+// or to the most up-to-date voter if id is empty, on the fast timing: raft
+// abandons a transfer that has not succeeded within the election timeout,
+// and refuses writes until then, which on the quiet timing would be
+// seconds. Every leadership transfer of a group goes through here.
+func (g *Group) TransferLeadership(id raft.ServerID, addr raft.ServerAddress) raft.Future {
+	g.replica.Wake()
+	if id == "" {
+		return g.raft.LeadershipTransfer()
+	}
+	return g.raft.LeadershipTransferToServer(id, addr)
+}
 
 // Quiet is RaftReplica.Quiet for the group's replica.
 func (g *Group) Quiet() bool { return g.replica.Quiet() }

@@ -312,10 +312,9 @@ func (n *Node) balanceLeaders(cm *shardpb.ClusterMap) {
 			continue
 		}
 		n.lastTransfer[id] = now
-		g.Wake()
 		r, addr := g.Raft(), addrOf[pref]
 		n.wg.Go(func() {
-			if err := replication.Await(r, r.LeadershipTransferToServer(raft.ServerID(pref), raft.ServerAddress(addr))); err != nil {
+			if err := replication.Await(r, g.TransferLeadership(raft.ServerID(pref), raft.ServerAddress(addr))); err != nil {
 				n.log.Debug("leadership transfer to the preferred leader", "group", id, "to", pref, "error", err)
 				return
 			}

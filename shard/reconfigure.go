@@ -171,8 +171,7 @@ func (n *Node) removeReplica(g *replication.Group, id string) error {
 		return nil
 	}
 	if id == n.cfg.ID {
-		g.Wake()
-		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
+		if err := replication.Await(r, g.TransferLeadership("", "")); err != nil {
 			return fmt.Errorf("group %s: %w: handing leadership over before removing %s: %v", g.ID(), api.ErrUnavailable, id, err)
 		}
 		return notLeaderOf(g)

@@ -90,11 +90,10 @@ func (n *Node) expediteLoop() {
 // handOver makes g's leader here, too slow to confirm its leadership in
 // time (replication.Group.SlowLeader), hand leadership to another voter.
 func (n *Node) handOver(g *replication.Group) {
-	g.Wake()
 	r := g.Raft()
 	n.log.Warn("leading too slowly: the last leadership checks each took over half the heartbeat timeout; handing leadership over", "group", g.ID())
 	n.spawn(func() {
-		if err := replication.Await(r, r.LeadershipTransfer()); err != nil {
+		if err := replication.Await(r, g.TransferLeadership("", "")); err != nil {
 			n.log.Info("handing over the leadership of a slow leader", "group", g.ID(), "error", err)
 		}
 	})

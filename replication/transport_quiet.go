@@ -52,23 +52,24 @@ type quiescence struct {
 	raft      *raft.Raft
 	transport *Transport
 	after     time.Duration
-	fast      time.Duration // the group's heartbeat (and election) timeout
-	slow      time.Duration // QuietHeartbeatTimeout
+	fast      time.Duration // the group's heartbeat timeout
 	election  time.Duration // the group's election timeout
+	slow      time.Duration // QuietHeartbeatTimeout: both, while quiet
 	logger    hclog.Logger
 
 	// word is what this replica's heartbeats carry: 0 while it does not
-	// lead, else epoch<<1, | 1 to ask for the quiet timing.
+	// lead (so it also says whether it leads), else epoch<<1, | 1 to ask
+	// for the quiet timing.
 	word atomic.Uint64
 
 	mu     sync.Mutex
 	quiet  bool // raft runs the slow timing now
 	closed bool
-	// As leader (lastIndex as follower too).
-	leading   bool
-	epoch     uint64
+	// The last index seen and when it moved (leader and follower), and
+	// the leader's epoch.
 	lastIndex uint64
 	movedAt   time.Time
+	epoch     uint64
 	// acks is, per follower heartbeated since the log last moved, the
 	// last word it answered.
 	acks map[raft.ServerAddress]uint64
@@ -104,12 +105,11 @@ func (q *quiescence) tick(now time.Time) {
 	index := q.raft.LastIndex()
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
 	if state != raft.Leader {
-		if q.leading {
-			q.leading = false
-			q.word.Store(0)
-			q.acks = nil
-		}
+		q.stopLeading()
 		moved := index != q.lastIndex
 		if moved {
 			q.lastIndex, q.movedAt = index, now
@@ -125,18 +125,10 @@ func (q *quiescence) tick(now time.Time) {
 		}
 		return
 	}
-	if !q.leading || index != q.lastIndex {
-		// A new leadership, or the log moved: fast, and count the idle
-		// time from now. Followers are told by the heartbeats that the
-		// reload sends at once.
-		q.leading = true
-		q.lastIndex, q.movedAt = index, now
-		q.resetAcks()
-		if q.word.Load()&1 == 1 || q.word.Load() == 0 {
-			q.epoch++
-			q.word.Store(q.epoch << 1)
-		}
-		q.setQuiet(false)
+	if q.word.Load() == 0 || index != q.lastIndex {
+		// A new leadership, or the log moved.
+		q.lastIndex = index
+		q.busy(now)
 		return
 	}
 	if q.quiet || now.Sub(q.movedAt) < q.after {
@@ -144,8 +136,7 @@ func (q *quiescence) tick(now time.Time) {
 	}
 	w := q.word.Load()
 	if w&1 == 0 {
-		q.epoch++
-		q.word.Store(q.epoch<<1 | 1)
+		q.announce(true)
 		return
 	}
 	if len(q.acks) == 0 {
@@ -168,19 +159,47 @@ func (q *quiescence) resetAcks() {
 	clear(q.acks)
 }
 
+// busy puts this leader's group on the fast timing as of now: its
+// heartbeats ask followers for it (the reload makes raft send them at
+// once), and the idle time is counted afresh. Called with mu held.
+func (q *quiescence) busy(now time.Time) {
+	q.movedAt = now
+	q.resetAcks()
+	q.announce(false)
+	q.setQuiet(false)
+}
+
+// announce makes this leader's heartbeats ask for the quiet timing, or
+// the fast one, in a new epoch, unless they already do. Called with mu
+// held.
+func (q *quiescence) announce(quiet bool) {
+	if w := q.word.Load(); w != 0 && (w&1 == 1) == quiet {
+		return
+	}
+	q.epoch++
+	w := q.epoch << 1
+	if quiet {
+		w |= 1
+	}
+	q.word.Store(w)
+}
+
+// stopLeading: the replica follows (or is closing), so its heartbeats
+// carry nothing and it counts no answers. Called with mu held.
+func (q *quiescence) stopLeading() {
+	q.word.Store(0)
+	q.acks = nil
+}
+
 // wake puts the replica on the fast timing now, for what follows (an
-// election it starts, a leadership transfer); as leader it starts a new
-// epoch, so followers wake too, and the idle time is counted afresh.
+// election it starts, a leadership transfer); as leader its followers
+// too.
 func (q *quiescence) wake() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.leading {
-		q.movedAt = time.Now()
-		q.resetAcks()
-		if q.word.Load()&1 == 1 {
-			q.epoch++
-			q.word.Store(q.epoch << 1)
-		}
+	if q.word.Load() != 0 {
+		q.busy(time.Now())
+		return
 	}
 	q.setQuiet(false)
 }
@@ -218,13 +237,9 @@ func (q *quiescence) follow(term uint64, leader raft.ServerAddress, w uint64) ui
 	epoch := w >> 1
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.leading {
-		// It accepted a leader's heartbeat: it follows now, whatever
-		// the last tick saw.
-		q.leading = false
-		q.word.Store(0)
-		q.acks = nil
-	}
+	// It accepted a leader's heartbeat: it follows now, whatever the
+	// last tick saw.
+	q.stopLeading()
 	if term < q.seenTerm || (term == q.seenTerm && epoch < q.seenEpoch) {
 		return 0
 	}
@@ -271,7 +286,7 @@ func (q *quiescence) close() {
 	defer q.mu.Unlock()
 	q.quiet = false
 	q.closed = true
-	q.word.Store(0)
+	q.stopLeading()
 }
 
 // Tick moves the replica between its fast and quiet timing

@@ -110,6 +110,22 @@ func newExpediteClusterWith(t *testing.T, tune func(*RaftConfig), names ...strin
 	return c
 }
 
+// stopNodes stops the nodes is as a kill would: their Mux stops, their
+// replicas close, and the loop runs nothing on them any more.
+func (c *expediteCluster) stopNodes(is ...int) {
+	c.mu.Lock()
+	for _, i := range is {
+		c.stopped[i] = true
+	}
+	c.mu.Unlock()
+	for _, i := range is {
+		c.nodes[i].stop()
+		for _, gs := range c.groups {
+			gs[i].Close()
+		}
+	}
+}
+
 // leader waits for a ready leader of group name among the nodes not stopped
 // and returns its node index and term.
 func (c *expediteCluster) leader(name string, timeout time.Duration) (int, uint64) {
@@ -144,12 +160,8 @@ func TestExpeditedElectionReplacesSilentLeader(t *testing.T) {
 		t.Fatalf("%d elections started against a live leader", n)
 	}
 
-	c.mu.Lock()
-	c.stopped[first] = true
-	c.mu.Unlock()
 	killed := time.Now()
-	c.nodes[first].stop()
-	c.groups["e/0"][first].Close()
+	c.stopNodes(first)
 	next, nterm := c.leader("e/0", 10*time.Second)
 	t.Logf("leader's node stopped; node %d leads term %d after %s", next, nterm, time.Since(killed).Round(time.Millisecond))
 	if ExpeditedElections() == before {

@@ -98,12 +98,8 @@ func TestQuietGroupSleepsAndWakes(t *testing.T) {
 	}
 
 	waitQuiet(t, gs, true, 5*time.Second, -1)
-	c.mu.Lock()
-	c.stopped[first] = true
-	c.mu.Unlock()
 	killed := time.Now()
-	c.nodes[first].stop()
-	gs[first].Close()
+	c.stopNodes(first)
 	next, nterm := c.leader("q/0", 10*time.Second)
 	took := time.Since(killed)
 	t.Logf("quiet leader's node stopped; node %d leads term %d after %s", next, nterm, took.Round(time.Millisecond))
@@ -151,12 +147,7 @@ func TestQuietLeaderWakesWhenAFollowerStopsAnswering(t *testing.T) {
 	gs := c.groups["f/0"]
 	l, _ := c.leader("f/0", 10*time.Second)
 	waitQuiet(t, gs, true, 5*time.Second, -1)
-	f := (l + 1) % 3
-	c.mu.Lock()
-	c.stopped[f] = true
-	c.mu.Unlock()
-	c.nodes[f].stop()
-	gs[f].Close()
+	c.stopNodes((l + 1) % 3)
 	// The next quiet heartbeat to it (0.3–0.6 s) fails.
 	deadline := time.Now().Add(3 * time.Second)
 	for gs[l].Quiet() {
@@ -184,14 +175,8 @@ func TestQuietFollowerWakesWhenItsLeaderFallsSilent(t *testing.T) {
 	gs := c.groups["s/0"]
 	l, _ := c.leader("s/0", 10*time.Second)
 	waitQuiet(t, gs, true, 5*time.Second, -1)
-	other, last := (l+1)%3, (l+2)%3
-	c.mu.Lock()
-	c.stopped[l], c.stopped[other] = true, true
-	c.mu.Unlock()
-	for _, i := range []int{l, other} {
-		c.nodes[i].stop()
-		gs[i].Close()
-	}
+	last := (l + 2) % 3
+	c.stopNodes(l, (l+1)%3)
 	// Its quiet timer would fire 3–6 s after the last heartbeat, at least
 	// 2.4 s from now.
 	deadline := time.Now().Add(2 * time.Second)

@@ -119,9 +119,7 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 		}
 	}
 	slices.SortFunc(affected, func(a, b group) int { return strings.Compare(a.String(), b.String()) })
-	for _, g := range affected {
-		f.Groups = append(f.Groups, g.String())
-	}
+	f.Groups = groupNames(affected)
 
 	var do, undo func(string) error
 	switch kind {
@@ -163,15 +161,15 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 			busy = append(busy, g)
 		}
 	}
-	probe, idleProbe := make(chan probed, 1), make(chan probed, 1)
-	go func() {
-		d, ok := r.probe(busy, t0.Add(r.cc.Every-r.cc.Down/2))
-		probe <- probed{d, ok}
-	}()
-	go func() {
-		d, ok := r.probe(idle, t0.Add(r.cc.Every-r.cc.Down/2))
-		idleProbe <- probed{d, ok}
-	}()
+	startProbe := func(groups []group) <-chan probed {
+		ch := make(chan probed, 1)
+		go func() {
+			d, ok := r.probe(groups, t0.Add(r.cc.Every-r.cc.Down/2))
+			ch <- probed{d, ok}
+		}()
+		return ch
+	}
+	probe, idleProbe := startProbe(busy), startProbe(idle)
 	if kind != "kill-node" {
 		time.Sleep(time.Until(t0.Add(r.cc.Down)))
 		for _, v := range victims {
@@ -189,7 +187,7 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 			f.IdleUnavailableMs = p.d.Milliseconds()
 			idleNote = fmt.Sprintf(" (idle tables: %d ms)", f.IdleUnavailableMs)
 		} else if f.Error == "" {
-			f.Error = fmt.Sprintf("an idle table's shard (of %s) took no write before the next fault", groupNames(idle))
+			f.Error = fmt.Sprintf("an idle table's shard (of %s) took no write before the next fault", strings.Join(groupNames(idle), " "))
 		}
 	}
 	if kind == "kill-node" {
@@ -204,12 +202,12 @@ func (r *run) inject(ctx context.Context, kind string, rng *rand.Rand) Fault {
 	return f
 }
 
-func groupNames(gs []group) string {
+func groupNames(gs []group) []string {
 	names := make([]string, len(gs))
 	for i, g := range gs {
 		names[i] = g.String()
 	}
-	return strings.Join(names, " ")
+	return names
 }
 
 // probe pushes to each affected group until one push each is

@@ -56,8 +56,9 @@
 //
 // Push, Pull and the accessors are safe for concurrent use; Tick and
 // TransferLeadership too (a group's quiescence has a mutex of its own, and
-// reloads raft's timing only under it). Raft calls the FSM's Apply, Snapshot and Restore one at a time on its FSM goroutine; a
-// snapshot is persisted on another goroutine while applies go on (store's
+// reloads raft's timing only under it). Raft calls the FSM's Apply,
+// Snapshot and Restore one at a time on its FSM goroutine; a snapshot is
+// persisted on another goroutine while applies go on (store's
 // copy-on-write snapshots make that safe). Readers reach the table through an
 // atomic pointer that Restore swaps. Close stops the group's goroutines and
 // Raft; pushes still queued fail with ErrGroupClosed, and pushes whose entry

@@ -104,7 +104,7 @@ func (m *FSM) applyRegister(arg []byte) any {
 	}
 	m.mu.Lock()
 	// Sorted, so every replica returns the same error text.
-	for _, o := range sortedByName(m.nodes, (*shardpb.ClusterNode).GetId) {
+	for _, o := range sortedByName(m.nodes) {
 		if o.Id != nd.Id && (o.Addr == nd.Addr || o.PeerAddr == nd.PeerAddr) {
 			m.mu.Unlock()
 			return fmt.Errorf("%w: node %s registers at %s (peers %s), an address of node %s (%s, peers %s)", api.ErrNodeConflict, nd.Id, nd.Addr, nd.PeerAddr, o.Id, o.Addr, o.PeerAddr)
@@ -124,7 +124,7 @@ func (m *FSM) applyRegister(arg []byte) any {
 		// never reach it, yet gossip would show it alive, so it would
 		// never be repaired either. (A new client address is harmless:
 		// clients learn it from the map.)
-		for _, sm := range sortedByName(m.shards, ShardMapKey) {
+		for _, sm := range sortedByName(m.shards) {
 			if slices.Contains(sm.Replicas, nd.Id) || sm.Adding == nd.Id {
 				m.mu.Unlock()
 				return fmt.Errorf("%w: node %s holds a replica of %s at peer address %s; restart it at that address, or remove it and join at %s with a new ID", api.ErrNodeConflict, nd.Id, ShardMapKey(sm), old.PeerAddr, nd.PeerAddr)
@@ -220,7 +220,7 @@ func (m *FSM) applyForget(arg []byte) any {
 		return fmt.Errorf("%w: node %s is %s, not removed", api.ErrBadRequest, req.Id, AdminName(old.Admin))
 	}
 	// In key order, so every replica's refusal names the same shard.
-	for _, sm := range sortedByName(m.shards, ShardMapKey) {
+	for _, sm := range sortedByName(m.shards) {
 		if slices.Contains(sm.Replicas, req.Id) || sm.Adding == req.Id {
 			m.mu.Unlock()
 			return fmt.Errorf("%w: node %s still holds a replica of %s", api.ErrBadRequest, req.Id, ShardMapKey(sm))
@@ -307,7 +307,7 @@ func (m *FSM) Node(id string) *shardpb.ClusterNode {
 func (m *FSM) FindNode(match func(*shardpb.ClusterNode) bool) *shardpb.ClusterNode {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	for _, nd := range sortedByName(m.nodes, (*shardpb.ClusterNode).GetId) {
+	for _, nd := range sortedByName(m.nodes) {
 		if match(nd) {
 			return nd
 		}
@@ -321,9 +321,9 @@ func (m *FSM) ClusterMap() *shardpb.ClusterMap {
 	defer m.mu.RUnlock()
 	return &shardpb.ClusterMap{
 		Version: m.mapVersion,
-		Nodes:   sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
-		Shards:  sortedByName(m.shards, ShardMapKey),
-		Tables:  sortedByName(m.tables, (*shardpb.TableSpec).GetName),
+		Nodes:   sortedByName(m.nodes),
+		Shards:  sortedByName(m.shards),
+		Tables:  sortedByName(m.tables),
 	}
 }
 
@@ -353,5 +353,5 @@ func (m *FSM) TableShards(spec *shardpb.TableSpec) ([]*shardpb.ShardMap, []*shar
 			}
 		}
 	}
-	return out, sortedByName(named, (*shardpb.ClusterNode).GetId)
+	return out, sortedByName(named)
 }

@@ -79,7 +79,7 @@ func (m *FSM) applyReportEval(arg []byte) any {
 func (m *FSM) Evals() []*shardpb.JobEvals {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return sortedByName(m.evals, (*shardpb.JobEvals).GetJob)
+	return sortedByName(m.evals)
 }
 
 func evalsByJob(list []*shardpb.JobEvals) map[string]*shardpb.JobEvals {

@@ -159,7 +159,7 @@ func (m *FSM) applyDrop(arg []byte) any {
 // jobUsingLocked returns the first job, by name, that lists table, or nil.
 // m.mu must be held.
 func (m *FSM) jobUsingLocked(table string) *shardpb.Job {
-	for _, j := range sortedByName(m.jobs, (*shardpb.Job).GetName) {
+	for _, j := range sortedByName(m.jobs) {
 		if slices.Contains(j.Tables, table) {
 			return j
 		}

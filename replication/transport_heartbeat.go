@@ -61,6 +61,36 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	return nil
 }
 
+// sendHeartbeatAlone sends an eager transport's heartbeat (SendEagerly) in
+// a message of its own: the metadata group's must not wait behind a batch
+// of every shard group's to a slow peer. It carries the timing word as a
+// batched one does.
+func (t *Transport) sendHeartbeatAlone(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	q := t.quiet.Load()
+	var word, answered uint64
+	if q != nil {
+		word = q.sent(target)
+	}
+	err := t.unaryWithin(t.mux.cfg.HeartbeatTimeout, target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+		r.Timing = word
+		out, err := c.AppendEntries(ctx, r)
+		if err == nil {
+			answered = out.Timing
+		}
+		return out, err
+	})
+	if err != nil {
+		if q != nil && word&1 == 1 {
+			q.wake() // as in sendHeartbeat
+		}
+		return err
+	}
+	if q != nil && word != 0 && resp.Success {
+		q.acked(target, answered)
+	}
+	return nil
+}
+
 // heartbeatNow sends a heartbeat that does not wait for others to share
 // its message: a leadership check that a read waits for.
 func (t *Transport) heartbeatNow(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {

@@ -61,6 +61,9 @@ type quiescence struct {
 	// lead (so it also says whether it leads), else epoch<<1, | 1 to ask
 	// for the quiet timing.
 	word atomic.Uint64
+	// restUntil (Unix nanoseconds): a quiet replica's ticks before it
+	// return at once. Read without mu, like word.
+	restUntil atomic.Int64
 
 	mu     sync.Mutex
 	quiet  bool // raft runs the slow timing now
@@ -96,11 +99,23 @@ func (q *quiescence) setQuiet(quiet bool) {
 	}
 	q.transport.setHeartbeatTimeout(rc.HeartbeatTimeout)
 	q.quiet = quiet
+	if !quiet {
+		q.restUntil.Store(0)
+	}
 }
 
 // tick moves the replica between the timings; the node calls it for each
-// group a few times per fast heartbeat timeout.
+// group a few times per fast heartbeat timeout. A quiet replica looks
+// only every half fast heartbeat timeout: all it looks for is its log
+// moving or its leader changing, and noticing those a few ticks later
+// costs nothing but a little more time on the slow timing, while its
+// failover does not wait for timing at all (ExpediteElection); the node
+// ticks every group fifty times a second, and most of an idle node's
+// groups are quiet.
 func (q *quiescence) tick(now time.Time) {
+	if now.UnixNano() < q.restUntil.Load() {
+		return
+	}
 	state := q.raft.State()
 	index := q.raft.LastIndex()
 	q.mu.Lock()
@@ -108,6 +123,11 @@ func (q *quiescence) tick(now time.Time) {
 	if q.closed {
 		return
 	}
+	defer func() {
+		if q.quiet {
+			q.restUntil.Store(now.Add(q.fast / 2).UnixNano())
+		}
+	}()
 	if state != raft.Leader {
 		q.stopLeading()
 		moved := index != q.lastIndex
@@ -323,13 +343,20 @@ func (g *Group) Tick(now time.Time) { g.replica.Tick(now) }
 // or to the most up-to-date voter if id is empty, on the fast timing: raft
 // abandons a transfer that has not succeeded within the election timeout,
 // and refuses writes until then, which on the quiet timing would be
-// seconds. Every leadership transfer of a group goes through here.
-func (g *Group) TransferLeadership(id raft.ServerID, addr raft.ServerAddress) raft.Future {
-	g.replica.Wake()
+// seconds. Every leadership transfer goes through here (the metadata
+// group's too).
+func (r *RaftReplica) TransferLeadership(id raft.ServerID, addr raft.ServerAddress) raft.Future {
+	r.Wake()
 	if id == "" {
-		return g.raft.LeadershipTransfer()
+		return r.Raft.LeadershipTransfer()
 	}
-	return g.raft.LeadershipTransferToServer(id, addr)
+	return r.Raft.LeadershipTransferToServer(id, addr)
+}
+
+// TransferLeadership is RaftReplica.TransferLeadership for the group's
+// replica.
+func (g *Group) TransferLeadership(id raft.ServerID, addr raft.ServerAddress) raft.Future {
+	return g.replica.TransferLeadership(id, addr)
 }
 
 // Quiet is RaftReplica.Quiet for the group's replica.

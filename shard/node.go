@@ -121,10 +121,11 @@ type NodeConfig struct {
 	// kill, over chaos's 1 s limit, so it is not the default yet. Idle
 	// groups go quiet anyway (QuiesceAfter), whatever this is.
 	GroupHeartbeatTimeout time.Duration
-	// QuiesceAfter is how long a shard group's log must stand still before
-	// its replicas switch to QuietHeartbeatTimeout (replication.RaftConfig
-	// .QuietAfter): an idle group's leader then heartbeats each follower
-	// every 0.5–1 s instead of every 20–40 ms, and the first write wakes it.
+	// QuiesceAfter is how long a Raft group's log (a shard's, or the
+	// metadata group's) must stand still before its replicas switch to
+	// QuietHeartbeatTimeout (replication.RaftConfig.QuietAfter): an idle
+	// group's leader then heartbeats each follower every 0.5–1 s instead
+	// of every 20–40 ms, and the first write wakes it.
 	// Zero means DefaultQuiesceAfter; negative turns it off. It is off
 	// whenever ExpediteElection or PingInterval is, since those replace a
 	// quiet group's slow timers when its leader dies. QuietHeartbeatTimeout

@@ -700,7 +700,7 @@ func (sc *scheduler) metaVoters(v *view) {
 	for _, id := range voters {
 		if good >= desired && v.nodes[id] != nil && v.nodes[id].Admin != shardpb.NodeAdmin_NODE_ACTIVE {
 			if id == n.cfg.ID {
-				change("hand over leadership (draining)", id, leadershipFuture{r.LeadershipTransfer(), r})
+				change("hand over leadership (draining)", id, leadershipFuture{n.meta.TransferLeadership("", ""), r})
 				return
 			}
 			change("demote draining", id, r.DemoteVoter(raft.ServerID(id), 0, configChangeTimeout))

@@ -78,6 +78,7 @@ func (n *Node) expediteLoop() {
 				n.handOver(g)
 			}
 		}
+		n.meta.Tick(last)
 		if !silent {
 			continue
 		}
@@ -113,10 +114,11 @@ const (
 // it switches to its quiet timing (NodeConfig.QuiesceAfter).
 const DefaultQuiesceAfter = 2 * time.Second
 
-// groupTiming is rc with the shard groups' timing: GroupHeartbeatTimeout
-// for the heartbeat and election timeouts, groupLeaderLease (at most the
-// heartbeat timeout) for the lease, and quiescence.
-func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
+// quietTiming is rc with quiescence (NodeConfig.QuiesceAfter), for every
+// group, the metadata group's too: it writes only when the cluster's map
+// changes, and on the fast timing it cost an idle cluster as much as all
+// three nodes' own work.
+func (n *Node) quietTiming(rc replication.RaftConfig) replication.RaftConfig {
 	if q := n.cfg.QuiesceAfter; q >= 0 && n.cfg.ExpediteElection >= 0 && n.cfg.PingInterval >= 0 {
 		rc.QuietAfter = q
 		if q == 0 {
@@ -124,6 +126,13 @@ func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
 		}
 		rc.QuietHeartbeatTimeout = n.cfg.QuietHeartbeatTimeout
 	}
+	return rc
+}
+
+// groupTiming is rc with the shard groups' timing: GroupHeartbeatTimeout
+// for the heartbeat and election timeouts and groupLeaderLease (at most
+// the heartbeat timeout) for the lease.
+func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
 	hb := n.cfg.GroupHeartbeatTimeout
 	if hb <= 0 {
 		return rc
@@ -136,7 +145,7 @@ func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
 // raftConfig is the Raft config of one of this node's groups; peers, if
 // set, bootstrap a group that has no state yet.
 func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Server) replication.RaftConfig {
-	rc := n.cfg.Raft
+	rc := n.quietTiming(n.cfg.Raft)
 	if group != api.MetaGroupID {
 		rc = n.groupTiming(rc)
 	}
@@ -149,6 +158,10 @@ func (n *Node) raftConfig(group, dir string, tr raft.Transport, peers []raft.Ser
 	}
 	return rc
 }
+
+// MetaQuiet says whether this node's metadata replica runs the quiet
+// timing now.
+func (n *Node) MetaQuiet() bool { return n.meta.Quiet() }
 
 // QuietReplicas counts this node's shard replicas, and those of them on
 // their group's quiet timing (NodeConfig.QuiesceAfter).

@@ -262,6 +262,46 @@ func TestClusterQuietLeaderKill(t *testing.T) {
 	verify(t, c, l, "idle")
 }
 
+// TestClusterQuietMetaLeaderKill: the metadata group of an idle cluster
+// goes quiet too, and its dead leader is still replaced by the expedited
+// election, not after the quiet timer (5-10 s): tables can be created at
+// once, and the restarted node learns of them.
+func TestClusterQuietMetaLeaderKill(t *testing.T) {
+	waitsMostly(t)
+	c := StartCluster(t, 3, FastRaft())
+	c.waitFor(15*time.Second, "every metadata replica on the quiet timing", func() bool {
+		for i := range 3 {
+			if !c.Node(i).MetaQuiet() {
+				return false
+			}
+		}
+		return true
+	})
+	victim := c.metaLeader()
+	killed := time.Now()
+	c.Kill(victim)
+	c.WaitMetaLeader(10 * time.Second)
+	took := time.Since(killed)
+	t.Logf("killed n%d, the metadata leader; a new one after %s", victim+1, took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("the quiet metadata group took %s to replace its dead leader: the quiet timer, not the expedited election", took)
+	}
+	spec := counterSpec("after", 2)
+	spec.Replicas = 2 // two nodes live
+	if _, err := c.Client().Tables().Create(context.Background(), spec); err != nil {
+		t.Fatalf("creating a table after the metadata leader's kill: %v", err)
+	}
+	c.Start(victim)
+	c.waitFor(10*time.Second, "the restarted node to learn of the table", func() bool {
+		for _, tb := range c.Node(victim).ClusterMap().Tables {
+			if tb.Name == "after" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func TestClusterRestartKeepsEverything(t *testing.T) {
 	waitsMostly(t)
 	c := StartCluster(t, 3, FastRaft())

@@ -141,8 +141,14 @@ class Client:
         self.client_id = client_id or (secrets.randbits(64) | 1)
         self.retry_timeout = float(retry_timeout)
         self.attempt_timeout = float(attempt_timeout)
+        # Redial a node that is down within a second (the Go client's
+        # redial): grpc's default backoff grows to 2 minutes, and a node
+        # back from a restart may lead shards at once.
         self._options = [("grpc.max_send_message_length", max_message_bytes),
-                         ("grpc.max_receive_message_length", max_message_bytes)]
+                         ("grpc.max_receive_message_length", max_message_bytes),
+                         ("grpc.initial_reconnect_backoff_ms", 100),
+                         ("grpc.min_reconnect_backoff_ms", 100),
+                         ("grpc.max_reconnect_backoff_ms", 1000)]
         self._interceptors = list(interceptors)
         self._mu = threading.Lock()
         self._stubs = {}  # addr -> (channel, stub)

@@ -114,12 +114,15 @@ type NodeConfig struct {
 	// tenth of it) without slowing failover, which node liveness drives:
 	// the Mux pings every peer each PingInterval, and a follower whose
 	// leader's node is silent for ExpediteElection starts an election at
-	// once (docs/ARCHITECTURE.md, "Idle groups"). Zero means
-	// Raft.HeartbeatTimeout: with 1s an idle cluster's shard groups cost
-	// about half (docs/BENCHMARKS.md), but a clean-clone make test saw
-	// bounded tables without a completed read for 1.2 s after a leader
-	// kill, over chaos's 1 s limit, so it is not the default yet. Idle
-	// groups go quiet anyway (QuiesceAfter), whatever this is.
+	// once (docs/ARCHITECTURE.md, "Idle groups"). Zero means one and a
+	// half times the ExpediteElection silence (300 ms at the defaults), so
+	// that raft's own timer never races the expedited election
+	// (groupHeartbeatTimeout); negative means Raft.HeartbeatTimeout, and
+	// so does zero when elections are not expedited. Longer ones (1s) made
+	// busy groups cheaper, but a clean-clone make test saw bounded tables
+	// without a completed read for 1.2 s after a leader kill, over chaos's
+	// 1 s limit. Idle groups go quiet anyway (QuiesceAfter), whatever this
+	// is.
 	GroupHeartbeatTimeout time.Duration
 	// QuiesceAfter is how long a Raft group's log (a shard's, or the
 	// metadata group's) must stand still before its replicas switch to

@@ -21,6 +21,15 @@ func (n *Node) heartbeatTimeout() time.Duration {
 	return replication.DefaultRaftConfig().HeartbeatTimeout
 }
 
+// expediteSilence is NodeConfig.ExpediteElection with its default applied
+// (negative: off).
+func (n *Node) expediteSilence() time.Duration {
+	if s := n.cfg.ExpediteElection; s != 0 {
+		return s
+	}
+	return n.heartbeatTimeout()
+}
+
 // chainSilence is NodeConfig.ChainSilence with its default applied.
 func (n *Node) chainSilence() time.Duration {
 	if s := n.cfg.ChainSilence; s != 0 {
@@ -35,10 +44,7 @@ func (n *Node) chainSilence() time.Duration {
 // tables above all: their members are removed, and their reads confirmed,
 // by its leader.
 func (n *Node) expediteLoop() {
-	silence, hb := n.cfg.ExpediteElection, n.heartbeatTimeout()
-	if silence == 0 {
-		silence = hb
-	}
+	silence, hb := n.expediteSilence(), n.heartbeatTimeout()
 	if silence < 0 {
 		return
 	}
@@ -137,17 +143,45 @@ func (n *Node) quietTiming(rc replication.RaftConfig) replication.RaftConfig {
 	return rc
 }
 
-// groupTiming is rc with the shard groups' timing: GroupHeartbeatTimeout
+// groupTiming is rc with the shard groups' timing: groupHeartbeatTimeout
 // for the heartbeat and election timeouts and groupLeaderLease (at most
 // the heartbeat timeout) for the lease.
 func (n *Node) groupTiming(rc replication.RaftConfig) replication.RaftConfig {
-	hb := n.cfg.GroupHeartbeatTimeout
+	hb := n.groupHeartbeatTimeout()
 	if hb <= 0 {
 		return rc
 	}
 	rc.HeartbeatTimeout, rc.ElectionTimeout = hb, hb
 	rc.LeaderLeaseTimeout = min(max(groupLeaderLease, rc.LeaderLeaseTimeout), hb)
 	return rc
+}
+
+// groupHeartbeatTimeout is NodeConfig.GroupHeartbeatTimeout with its
+// default applied; 0 means the metadata group's. The default is one and a
+// half expedite silences (300 ms at default flags), so that raft's own
+// follower timer, which fires after a random [HT, 2HT], never fires
+// before the expedited election it would race: when it did (HT equal to
+// the silence, the timer's draw in its first few milliseconds), the
+// follower ran a pre-vote that the other follower, still following the
+// dead leader, refused, and as a candidate it could not expedite; if the
+// other follower's expedited election then failed (its log an entry
+// behind), the group waited for an election timeout more. Local chaos runs
+// alternated (BENCHMARKS.md): partitions of a leader had writes back after
+// p50 340-351 ms and max 580-600 ms at 200 ms, 265 ms and 361 ms at 300 ms.
+// Without expedited elections raft's timer is all there is, and the
+// metadata group's timing stays.
+func (n *Node) groupHeartbeatTimeout() time.Duration {
+	switch hb := n.cfg.GroupHeartbeatTimeout; {
+	case hb > 0:
+		return hb
+	case hb < 0:
+		return 0
+	}
+	s := n.expediteSilence()
+	if s <= 0 {
+		return 0
+	}
+	return max(s*3/2, n.heartbeatTimeout())
 }
 
 // raftConfig is the Raft config of one of this node's groups; peers, if

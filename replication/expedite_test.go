@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -320,5 +321,60 @@ func TestHearingNeedsAStreak(t *testing.T) {
 	}
 	if !m.hearing(peer, now.Add(3*time.Second+5*ping), 200*time.Millisecond) {
 		t.Fatal("a peer heard for five ping intervals after a gap does not count")
+	}
+}
+
+// TestRefusedTransferVoteSkipsTheStagger: a follower that refused an
+// expedited election's vote because the candidate's log ends before its
+// own expedites without its rank's stagger, within the silence of the
+// refusal; a refusal of a candidate as far along, an older refusal, or a
+// refused vote that was not a transfer's, leaves the stagger.
+func TestRefusedTransferVoteSkipsTheStagger(t *testing.T) {
+	c := newExpediteCluster(t, "v/0")
+	lead, _ := c.leader("v/0", 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.groups["v/0"][lead].Push(ctx, &Push{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	g := c.groups["v/0"][(lead+1)%len(c.nodes)]
+	r := g.replica
+	tr := r.cfg.Transport.(*Transport)
+	var term, index uint64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s := r.Raft.Stats()
+		term, _ = strconv.ParseUint(s["last_log_term"], 10, 64)
+		index, _ = strconv.ParseUint(s["last_log_index"], 10, 64)
+		if index >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	now := time.Now()
+	refuse := func(transfer bool, lastTerm, lastIndex uint64) bool {
+		tr.refusedTransfer.Store(nil)
+		tr.noteRefusedTransfer(&raft.RequestVoteRequest{LeadershipTransfer: transfer, LastLogTerm: lastTerm, LastLogIndex: lastIndex},
+			&raft.RequestVoteResponse{Granted: false})
+		return r.refusedShorterLog(tr, now, expediteSilence)
+	}
+	if !refuse(true, term, index-1) {
+		t.Error("a transfer vote refused to a candidate an entry behind does not skip the stagger")
+	}
+	if !refuse(true, term-1, index+5) {
+		t.Error("a transfer vote refused to a candidate of an older last term does not skip the stagger")
+	}
+	if refuse(true, term, index) {
+		t.Error("a candidate as far along skips the stagger")
+	}
+	if refuse(false, term, index-1) {
+		t.Error("a refused vote that was not a transfer's skips the stagger")
+	}
+	tr.noteRefusedTransfer(&raft.RequestVoteRequest{LeadershipTransfer: true, LastLogTerm: term, LastLogIndex: index - 1}, &raft.RequestVoteResponse{Granted: false})
+	if r.refusedShorterLog(tr, now.Add(expediteSilence+time.Millisecond), expediteSilence) {
+		t.Error("a refusal older than the silence skips the stagger")
+	}
+	tr.refusedTransfer.Store(nil)
+	tr.noteRefusedTransfer(&raft.RequestVoteRequest{LeadershipTransfer: true, LastLogTerm: term, LastLogIndex: index - 1}, &raft.RequestVoteResponse{Granted: true})
+	if r.refusedShorterLog(tr, now, expediteSilence) {
+		t.Error("a granted vote counts as refused")
 	}
 }

@@ -472,6 +472,10 @@ type Transport struct {
 
 	idle  idleAppends
 	eager atomic.Bool // SendEagerly
+	// refusedTransfer is the last transfer vote (an expedited election's
+	// or a leadership transfer's) this replica refused: ExpediteElection
+	// reads it.
+	refusedTransfer atomic.Pointer[refusedVote]
 	// quiet is the group's quiescence (transport_quiet.go), nil if it
 	// has none.
 	quiet atomic.Pointer[quiescence]
@@ -700,6 +704,7 @@ func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC, wait 
 	if in.Timing != 0 {
 		answer.Timing = t.followTiming(req, resp, in.Timing)
 	}
+	t.noteRefusedTransfer(req, resp)
 	return answer, nil
 }
 

@@ -260,6 +260,7 @@ func (c *Client) retry(ctx context.Context, group, hint string, candidates func(
 			var re *RemoteError
 			if errors.As(err, &re) && re.LeaderAddr != "" {
 				next = re.LeaderAddr
+				c.leaderNamed(next)
 				break
 			}
 		}
@@ -320,8 +321,11 @@ func (c *Client) callFailed(ctx, actx context.Context, addr string, err error) e
 	switch {
 	case re.Reason == "" && re.Code == codes.Unavailable:
 		// The transport's own failure (refused, reset, closing): a node's
-		// answer always carries a reason.
+		// answer always carries a reason. Redial at once rather than after
+		// the backoff: a node back from a restart is asked again as soon
+		// as its peers name it (leaderNamed).
 		c.markSilent(addr)
+		c.redialNow(addr)
 	case re.Reason == "" && re.Code == codes.Canceled && actx.Err() == nil:
 		// Cancelled, but not by this client: the server reset the stream
 		// (RST_STREAM CANCEL: it was closing, or, as gRPC servers do, it saw
@@ -337,6 +341,38 @@ func (c *Client) callFailed(ctx, actx context.Context, addr string, err error) e
 
 func (c *Client) isSilent(addr string) bool { return c.silent.has(addr) }
 func (c *Client) markSilent(addr string)    { c.silent.mark(addr) }
+
+// leaderNewsAfter is how long after a node was marked silent a node that
+// answered naming it as a leader counts as news that it is up: longer
+// than its peers take to elect another leader if it died or froze
+// (expedited elections: 200-400 ms), during which they still name it.
+const leaderNewsAfter = 500 * time.Millisecond
+
+// leaderNamed takes a node that answered naming addr as a group's leader
+// for news that addr is up, once addr has been marked silent for
+// leaderNewsAfter: raft learns its leader from that leader's own appends,
+// and its peers would have elected another by then. The mark goes, and
+// the connection redials now. Marked, addr was left out of every round
+// until the mark expired: writes to the shards a node led again after a
+// restart stalled for the 2 s of silentFor (TestClientRedialsARestartedNode).
+func (c *Client) leaderNamed(addr string) {
+	if !c.silent.markedFor(addr, leaderNewsAfter) {
+		return
+	}
+	c.silent.unmark(addr)
+	c.redialNow(addr)
+}
+
+// redialNow makes the connection to addr, if it waits out a reconnect
+// backoff, try again at once.
+func (c *Client) redialNow(addr string) {
+	c.mu.Lock()
+	cc := c.conns[addr]
+	c.mu.Unlock()
+	if cc != nil {
+		cc.ResetConnectBackoff()
+	}
+}
 
 // order drops repeated addresses (the first stays) and moves the nodes a
 // hedge beat lately, then those that did not answer in the last silentFor,

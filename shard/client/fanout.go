@@ -329,13 +329,15 @@ func checkAnswers(addr string, n, responses, errs int) error {
 // retryable: an error costs one more call, and the rules stay in retry.
 // The retry starts at the leader a refusal names, else at again (the node
 // that answered, "" for none).
-func retryPart(pe *shardpb.PartError, again string) partResult {
+func (c *Client) retryPart(pe *shardpb.PartError, again string) partResult {
 	if pe.GetCode() == 0 {
 		return partResult{}
 	}
 	err := api.FromStatusProto(api.PartStatus(pe))
 	hint := pe.GetInfo().GetLeaderAddr()
-	if hint == "" {
+	if hint != "" {
+		c.leaderNamed(hint)
+	} else {
 		hint = again
 	}
 	return partResult{err: err, retry: true, hint: hint}

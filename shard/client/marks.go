@@ -23,6 +23,20 @@ func (m *marks) mark(addr string) {
 	m.mu.Unlock()
 }
 
+func (m *marks) unmark(addr string) {
+	m.mu.Lock()
+	delete(m.at, addr)
+	m.mu.Unlock()
+}
+
+// markedFor reports whether addr is marked, and was at least d ago.
+func (m *marks) markedFor(addr string, d time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.at[addr]
+	return ok && time.Since(t) < m.ttl && time.Since(t) >= d
+}
+
 // has reports whether addr was marked less than ttl ago, forgetting an
 // older mark.
 func (m *marks) has(addr string) bool {

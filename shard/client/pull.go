@@ -323,7 +323,7 @@ func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterSer
 	}
 	res := make([]partResult, len(parts))
 	for i, p := range parts {
-		if res[i] = retryPart(resp.Errors[i], again); res[i].err == nil {
+		if res[i] = o.c.retryPart(resp.Errors[i], again); res[i].err == nil {
 			if err := o.place(p, addr, resp.Parts[i].Values); err != nil {
 				res[i] = partResult{err: err, retry: true, hint: again}
 			}

@@ -157,7 +157,7 @@ func (o *pushOp) batch(ctx context.Context, addr string, st shardpb.ParameterSer
 	}
 	res := make([]partResult, len(parts))
 	for i, p := range parts {
-		res[i] = retryPart(resp.Errors[i], addr)
+		res[i] = o.c.retryPart(resp.Errors[i], addr)
 		if res[i].err == nil {
 			if err := o.duplicate(addr, p.shard, resp.Parts[i].Duplicate); err != nil {
 				res[i] = partResult{err: err}

@@ -47,6 +47,10 @@ from raftps.types import Consistency, TableInfo, TableSpec, parse_consistency
 
 # How long a node that did not answer is asked after the others.
 SILENT_FOR = 2.0
+# How long after a node was marked silent a node that answers naming it as
+# a leader counts as news that it is up (the Go client's leaderNewsAfter):
+# longer than its peers take to elect another if it died or froze.
+LEADER_NEWS_AFTER = 0.5
 # How long a table's spec and map are used before they are asked for again
 # (so an alter by another client reaches this one).
 SPEC_TTL = 5.0
@@ -286,6 +290,8 @@ class Client:
                 elif err is not None:
                     # Every other failure takes the per-shard path, which
                     # gives up at once on one that is not retryable.
+                    if err.leader_addr:
+                        self._leader_named(err.leader_addr)
                     retry.append((s, err.leader_addr or ("" if spread else addr)))
         futs = [self._pool.submit(self._shard_retry, table, s, hint, op.single) for s, hint in retry]
         final += [e for e in (f.exception() for f in futs) if e is not None]
@@ -491,6 +497,17 @@ class Client:
             with self._mu:
                 self._silent[addr] = time.monotonic() + SILENT_FOR
 
+    def _leader_named(self, addr):
+        """A node that answered names addr as a leader: news that addr is
+        up once it has been marked silent for LEADER_NEWS_AFTER, so the
+        mark goes (marked, it was left out of every retry round for
+        SILENT_FOR, and writes to the shards a restarted node led again
+        stalled that long)."""
+        with self._mu:
+            until = self._silent.get(addr)
+            if until is not None and time.monotonic() >= until - SILENT_FOR + LEADER_NEWS_AFTER:
+                del self._silent[addr]
+
     def _order(self, addrs):
         """addrs without repeats, the nodes that did not answer lately last
         (and left out unless they are all there is)."""
@@ -555,6 +572,7 @@ class Client:
                         break
                     if err.leader_addr:
                         nxt = err.leader_addr
+                        self._leader_named(nxt)
                         break
                     continue
                 if group:

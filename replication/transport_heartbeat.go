@@ -32,56 +32,54 @@ func (t *Transport) sendHeartbeat(target raft.ServerAddress, args *raft.AppendEn
 	if err != nil {
 		return err
 	}
+	return t.timedHeartbeat(target, resp, func(word uint64) (uint64, error) {
+		out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload, Timing: word}, urgent, t.ctx.Done())
+		if err != nil {
+			if cerr := t.isClosed(); cerr != nil {
+				return 0, cerr // cut short by Close
+			}
+			return 0, fmt.Errorf("raft group %q: heartbeat to %s: %w", t.group, target, err)
+		}
+		return out.timing, decode(out.msgpack, resp)
+	})
+}
+
+// sendHeartbeatAlone sends an eager transport's heartbeat (SendEagerly) in
+// a message of its own: the metadata group's must not wait behind a batch
+// of every shard group's to a slow peer.
+func (t *Transport) sendHeartbeatAlone(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	return t.timedHeartbeat(target, resp, func(word uint64) (answered uint64, err error) {
+		err = t.unaryWithin(t.mux.cfg.HeartbeatTimeout, target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
+			r.Timing = word
+			out, err := c.AppendEntries(ctx, r)
+			if err == nil {
+				answered = out.Timing
+			}
+			return out, err
+		})
+		return answered, err
+	})
+}
+
+// timedHeartbeat sends one heartbeat to target with the group's timing
+// word (transport_quiet.go): send carries word, fills resp and returns the
+// word the follower answered. An answered heartbeat counts toward the
+// leader's going quiet; a failed one on the quiet timing wakes the group
+// (unless the transport is closing):
+// a follower that does not answer may be restarting, and back on raft's
+// fast timer a leader retries it within 100 ms, on the quiet one only
+// after up to half the quiet timeout, while a restarted replica, on the
+// fast timing of a new process, campaigns in vain meanwhile.
+func (t *Transport) timedHeartbeat(target raft.ServerAddress, resp *raft.AppendEntriesResponse, send func(word uint64) (uint64, error)) error {
 	q := t.quiet.Load()
 	var word uint64
 	if q != nil {
 		word = q.sent(target)
 	}
-	out, err := t.mux.heartbeatsTo(target).call(&transportpb.RPC{Group: t.group, Msgpack: payload, Timing: word}, urgent, t.ctx.Done())
+	answered, err := send(word)
 	if err != nil {
-		if cerr := t.isClosed(); cerr != nil {
-			return cerr // cut short by Close
-		}
-		if q != nil && word&1 == 1 {
-			// A follower that does not answer may be restarting: back
-			// on raft's fast timer a leader retries it within 100 ms,
-			// on the quiet one only after up to half the quiet timeout,
-			// and a restarted replica, on the fast timing of a new
-			// process, campaigns in vain meanwhile.
+		if q != nil && word&1 == 1 && t.isClosed() == nil {
 			q.wake()
-		}
-		return fmt.Errorf("raft group %q: heartbeat to %s: %w", t.group, target, err)
-	}
-	if err := decode(out.msgpack, resp); err != nil {
-		return err
-	}
-	if q != nil && word != 0 && resp.Success {
-		q.acked(target, out.timing)
-	}
-	return nil
-}
-
-// sendHeartbeatAlone sends an eager transport's heartbeat (SendEagerly) in
-// a message of its own: the metadata group's must not wait behind a batch
-// of every shard group's to a slow peer. It carries the timing word as a
-// batched one does.
-func (t *Transport) sendHeartbeatAlone(target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
-	q := t.quiet.Load()
-	var word, answered uint64
-	if q != nil {
-		word = q.sent(target)
-	}
-	err := t.unaryWithin(t.mux.cfg.HeartbeatTimeout, target, args, resp, func(c transportpb.RaftTransportClient, ctx context.Context, r *transportpb.RPC) (*transportpb.RPC, error) {
-		r.Timing = word
-		out, err := c.AppendEntries(ctx, r)
-		if err == nil {
-			answered = out.Timing
-		}
-		return out, err
-	})
-	if err != nil {
-		if q != nil && word&1 == 1 {
-			q.wake() // as in sendHeartbeat
 		}
 		return err
 	}

@@ -109,8 +109,7 @@ func (n *Node) gcLeftChains() {
 		case chainShort(sm, spec):
 			n.leftChains[id] = now.Add(leftChainRecheck) // may be appended again
 		default:
-			delete(n.incarnations, n.chainDir(id))
-			if err := os.RemoveAll(n.chainDir(id)); err != nil {
+			if err := n.removeReplicaDir(n.chainDir(id)); err != nil {
 				n.log.Warn("deleting a left-behind chain replica", "group", id, "error", err)
 				continue
 			}
@@ -250,8 +249,7 @@ func (n *Node) closeChain(id string, remove bool) {
 	}
 	n.metrics.Replication.Forget(id)
 	if remove {
-		delete(n.incarnations, n.chainDir(id))
-		if err := os.RemoveAll(n.chainDir(id)); err != nil {
+		if err := n.removeReplicaDir(n.chainDir(id)); err != nil {
 			n.log.Warn("deleting a moved-away chain replica", "group", id, "error", err)
 		}
 	}

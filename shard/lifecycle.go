@@ -84,7 +84,7 @@ func (n *Node) prepareReplicaDir(dir string, inc uint64) error {
 		return nil
 	}
 	if ok {
-		if err := os.RemoveAll(dir); err != nil {
+		if err := n.removeReplicaDir(dir); err != nil {
 			return fmt.Errorf("deleting a replica of a dropped table: %w", err)
 		}
 		n.log.Info("replica of a dropped table of the same name deleted", "dir", dir, "incarnation", old, "table_incarnation", inc)
@@ -104,6 +104,13 @@ func readIncarnation(dir string) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	return v, err == nil
+}
+
+// removeReplicaDir deletes a replica directory and forgets what it
+// recorded (recordedIncarnation): every deletion of one goes through here.
+func (n *Node) removeReplicaDir(dir string) error {
+	delete(n.incarnations, dir)
+	return os.RemoveAll(dir)
 }
 
 // recordedIncarnation is readIncarnation(dir) for an open replica's
@@ -182,8 +189,7 @@ func (n *Node) reconcileDropped(cm *shardpb.ClusterMap) {
 // deleteDropped deletes a replica directory of a dropped table, and the
 // table's directory if that was its last shard here.
 func (n *Node) deleteDropped(id, dir string) {
-	delete(n.incarnations, dir)
-	if err := os.RemoveAll(dir); err != nil {
+	if err := n.removeReplicaDir(dir); err != nil {
 		n.log.Warn("deleting a replica of a dropped table", "group", id, "dir", dir, "error", err)
 		return
 	}

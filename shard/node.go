@@ -321,9 +321,8 @@ type Node struct {
 	knownTables map[string]bool
 	sweepDue    bool
 	// incarnations: what replica directories record (lifecycle.go), read
-	// once, not once a second per replica; prepareReplicaDir and every
-	// deletion of a replica directory forget theirs. Only reconcileLoop
-	// uses it.
+	// once, not once a second per replica; prepareReplicaDir and
+	// removeReplicaDir forget theirs. Only reconcileLoop uses it.
 	incarnations map[string]uint64
 	// lastTransfer: when this node last handed a group's leadership to the
 	// map's preferred leader. Only reconcileLoop uses it.

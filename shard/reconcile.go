@@ -273,8 +273,7 @@ func (n *Node) gcRetired(cm *shardpb.ClusterMap) {
 		if err != nil || resp.State != "leader" || slices.Contains(resp.Voters, n.cfg.ID) || slices.Contains(resp.Nonvoters, n.cfg.ID) {
 			continue
 		}
-		delete(n.incarnations, n.groupDir(id))
-		if err := os.RemoveAll(n.groupDir(id)); err != nil {
+		if err := n.removeReplicaDir(n.groupDir(id)); err != nil {
 			n.log.Warn("deleting a moved-away replica", "group", id, "error", err)
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,13 @@ type RaftConfig struct {
 	// raft's slow timer), and a *Transport.
 	QuietAfter            time.Duration
 	QuietHeartbeatTimeout time.Duration
+	// DormantAfter, if positive (and QuietAfter too), makes a group that
+	// stayed quiet that much longer dormant: its leader steps down and no
+	// replica runs a timer until a request or a peer wakes it
+	// (transport_dormant.go). Only for groups whose requests go through
+	// Group (Push, ReadIndex, Awaken): a replica opened with OpenRaft
+	// alone is never woken by a request.
+	DormantAfter time.Duration
 
 	// Snapshots: taken every SnapshotInterval when SnapshotThreshold entries
 	// have accumulated; TrailingLogs entries stay after one for slow followers.
@@ -151,6 +159,8 @@ func (c RaftConfig) validate() error {
 		return bad("LeaderLeaseTimeout (%s) is longer than HeartbeatTimeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
 	case c.ElectionTimeout < c.HeartbeatTimeout:
 		return bad("ElectionTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.ElectionTimeout, c.HeartbeatTimeout)
+	case c.DormantAfter > 0 && c.QuietAfter <= 0:
+		return bad("DormantAfter (%s) without QuietAfter", c.DormantAfter)
 	case c.QuietAfter > 0 && c.QuietHeartbeatTimeout < c.HeartbeatTimeout:
 		return bad("QuietHeartbeatTimeout (%s) is shorter than HeartbeatTimeout (%s)", c.QuietHeartbeatTimeout, c.HeartbeatTimeout)
 	}
@@ -177,6 +187,11 @@ type RaftReplica struct {
 	// quiet switches an idle group's timing (RaftConfig.QuietAfter); nil
 	// if it has none.
 	quiet *quiescence
+	// awakenMu makes concurrent Awaken calls start one election;
+	// awakening is set while one runs, so that Dormant stays true until
+	// it has a leader.
+	awakenMu  sync.Mutex
+	awakening atomic.Bool
 }
 
 // seenLeader is a leader a replica followed.
@@ -240,6 +255,9 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 	// transport message (MaxRaftMessageBytes).
 	rc.MaxAppendEntries = MaxAppendEntries
 	rc.Logger = cfg.Logger.Named("raft")
+	if t, ok := cfg.Transport.(*Transport); ok && cfg.DormantAfter > 0 {
+		rc.Logger = dormantLogger{Logger: rc.Logger, t: t}
+	}
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fail(err)
 	}
@@ -280,7 +298,7 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 	}
 	rep := &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}
 	if t, ok := cfg.Transport.(*Transport); ok && cfg.QuietAfter > 0 {
-		rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter,
+		rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter, dormantAfter: cfg.DormantAfter,
 			fast: cfg.HeartbeatTimeout, slow: cfg.QuietHeartbeatTimeout, election: cfg.ElectionTimeout, logger: cfg.Logger}
 		t.quiet.Store(rep.quiet)
 	}

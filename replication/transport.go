@@ -146,6 +146,11 @@ type MuxStats struct {
 	// IdleAppendsAnswered counts AppendEntries without entries answered
 	// from the follower's last answer instead of sent (answerIdle).
 	IdleAppendsAnswered atomic.Int64
+	// DormantAnswers counts a dormant leader's appends answered so that
+	// it steps down (answerDormant); DormantWakes the elections Awaken
+	// started.
+	DormantAnswers atomic.Int64
+	DormantWakes   atomic.Int64
 }
 
 // Stats returns the Mux's counters.
@@ -479,6 +484,8 @@ type Transport struct {
 	// quiet is the group's quiescence (transport_quiet.go), nil if it
 	// has none.
 	quiet atomic.Pointer[quiescence]
+	// dormant: the replica is dormant (transport_dormant.go).
+	dormant atomic.Bool
 	// mayDelay: the group's heartbeat timeout is long enough for its
 	// heartbeats to wait HeartbeatDelay (setHeartbeatTimeout).
 	mayDelay atomic.Bool
@@ -583,6 +590,9 @@ func (t *Transport) unaryWithin(timeout time.Duration, target raft.ServerAddress
 }
 
 func (t *Transport) AppendEntries(_ raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if t.answerDormant(args, resp) {
+		return nil
+	}
 	if isHeartbeat(args) {
 		if !t.eager.Load() {
 			return t.sendHeartbeat(target, args, resp, !t.mayDelay.Load())
@@ -664,6 +674,7 @@ wait:
 		if r.Error != nil {
 			return nil, status.Errorf(codes.Unknown, "raft group %q: %v", t.group, r.Error)
 		}
+		t.received(cmd, r.Response)
 		return r.Response, nil
 	case <-t.ctx.Done():
 		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", t.group)

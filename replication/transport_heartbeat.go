@@ -78,7 +78,7 @@ func (t *Transport) timedHeartbeat(target raft.ServerAddress, resp *raft.AppendE
 	}
 	answered, err := send(word)
 	if err != nil {
-		if q != nil && word&1 == 1 && t.isClosed() == nil {
+		if q != nil && word&wordQuiet != 0 && t.isClosed() == nil {
 			q.wake()
 		}
 		return err

@@ -45,28 +45,39 @@ import (
 // election timeout) and a replica whose leader's node fell silent
 // (ExpediteElection).
 //
+// A group quiet for DormantAfter more goes dormant (transport_dormant.go):
+// the same word, with the dormant bit, puts its followers on timers of an
+// hour, and once all answered it the leader steps down. No replica of a
+// dormant group runs a timer that fires.
+//
 // Concurrency: tick runs on the node's timing loop; follow on the
 // goroutines answering heartbeats; sent and acked on the senders'. mu
 // guards everything but word, which heartbeats read without it.
 type quiescence struct {
-	raft      *raft.Raft
-	transport *Transport
-	after     time.Duration
-	fast      time.Duration // the group's heartbeat timeout
-	election  time.Duration // the group's election timeout
-	slow      time.Duration // QuietHeartbeatTimeout: both, while quiet
-	logger    hclog.Logger
+	raft         *raft.Raft
+	transport    *Transport
+	after        time.Duration
+	dormantAfter time.Duration // 0: never dormant
+	fast         time.Duration // the group's heartbeat timeout
+	election     time.Duration // the group's election timeout
+	slow         time.Duration // QuietHeartbeatTimeout: both, while quiet
+	logger       hclog.Logger
 
 	// word is what this replica's heartbeats carry: 0 while it does not
-	// lead (so it also says whether it leads), else epoch<<1, | 1 to ask
-	// for the quiet timing.
+	// lead (so it also says whether it leads), else epoch<<wordEpochShift
+	// | the timing it asks for (wordQuiet, or wordDormant).
 	word atomic.Uint64
 	// restUntil (Unix nanoseconds): a quiet replica's ticks before it
 	// return at once. Read without mu, like word.
 	restUntil atomic.Int64
+	// usedAt (Unix nanoseconds): the last read that needed this leader
+	// (ReadIndex). A group read that way does not go dormant: each read
+	// after would wake it with an election.
+	usedAt atomic.Int64
 
 	mu     sync.Mutex
-	quiet  bool // raft runs the slow timing now
+	timing uint64 // what raft runs now: timingFast, wordQuiet or wordDormant
+	quiet  bool   // timing is not timingFast
 	closed bool
 	// The last index seen and when it moved (leader and follower), and
 	// the leader's epoch.
@@ -82,26 +93,56 @@ type quiescence struct {
 	quietLeader         raft.ServerAddress
 }
 
-// setQuiet switches raft's timers. Called with mu held.
-func (q *quiescence) setQuiet(quiet bool) {
-	if q.quiet == quiet || q.closed {
+// The timing a word asks for, in its low bits; the leader's epoch above.
+const (
+	timingFast     = 0
+	wordQuiet      = 1             // the quiet timing
+	wordDormant    = 2 | wordQuiet // dormancy: quiet, and more
+	wordTiming     = wordDormant   // the mask of both
+	wordEpochShift = 2
+)
+
+// setTiming switches raft's timers to timing (timingFast, wordQuiet or
+// wordDormant). Called with mu held.
+//
+// Shortening the timers makes a follower's raft check its leader's last
+// contact at once, and start an election if that is older than the new
+// heartbeat timeout: whoever wakes a dormant follower does so once raft
+// accepted a message of a live leader or a vote (which refresh the
+// contact), or right after handing it a TimeoutNow.
+func (q *quiescence) setTiming(timing uint64) {
+	if q.timing == timing || q.closed {
 		return
 	}
 	rc := q.raft.ReloadableConfig()
-	rc.HeartbeatTimeout, rc.ElectionTimeout = q.fast, q.election
-	if quiet {
+	switch timing {
+	case timingFast:
+		rc.HeartbeatTimeout, rc.ElectionTimeout = q.fast, q.election
+	case wordQuiet:
 		rc.HeartbeatTimeout, rc.ElectionTimeout = q.slow, max(q.slow, q.election)
+	default:
+		rc.HeartbeatTimeout, rc.ElectionTimeout = dormantTimeout, dormantTimeout
 	}
 	if err := q.raft.ReloadConfig(rc); err != nil {
-		// Only an invalid config fails, and both were validated at open.
-		q.logger.Warn("switching raft timing", "quiet", quiet, "error", err)
+		// Only an invalid config fails, and all were validated at open.
+		q.logger.Warn("switching raft timing", "timing", timing, "error", err)
 		return
 	}
 	q.transport.setHeartbeatTimeout(rc.HeartbeatTimeout)
-	q.quiet = quiet
-	if !quiet {
+	q.timing, q.quiet = timing, timing != timingFast
+	q.transport.dormant.Store(timing == wordDormant)
+	if timing == timingFast {
 		q.restUntil.Store(0)
 	}
+}
+
+// setQuiet is setTiming of the quiet or the fast timing.
+func (q *quiescence) setQuiet(quiet bool) {
+	if quiet {
+		q.setTiming(wordQuiet)
+		return
+	}
+	q.setTiming(timingFast)
 }
 
 // tick moves the replica between the timings; the node calls it for each
@@ -124,8 +165,11 @@ func (q *quiescence) tick(now time.Time) {
 		return
 	}
 	defer func() {
-		if q.quiet {
+		switch q.timing {
+		case wordQuiet:
 			q.restUntil.Store(now.Add(q.fast / 2).UnixNano())
+		case wordDormant:
+			q.restUntil.Store(now.Add(dormantTick).UnixNano())
 		}
 	}()
 	if state != raft.Leader {
@@ -133,6 +177,15 @@ func (q *quiescence) tick(now time.Time) {
 		moved := index != q.lastIndex
 		if moved {
 			q.lastIndex, q.movedAt = index, now
+		}
+		if q.timing == wordDormant {
+			// Dormant: no leader, or a leader that is stepping down.
+			// Raft itself left the follower state (a TimeoutNow, an
+			// election) or took entries: the group lives again.
+			if state != raft.Follower || moved {
+				q.setTiming(timingFast)
+			}
+			return
 		}
 		if q.quiet {
 			// A follower whose log moved wakes without waiting for its
@@ -151,12 +204,20 @@ func (q *quiescence) tick(now time.Time) {
 		q.busy(now)
 		return
 	}
-	if q.quiet || now.Sub(q.movedAt) < q.after {
+	next := uint64(wordQuiet)
+	switch {
+	case now.Sub(q.movedAt) < q.after || q.timing == wordDormant:
 		return
+	case q.quiet:
+		if q.dormantAfter <= 0 || now.Sub(q.movedAt) < q.after+q.dormantAfter ||
+			now.Sub(time.Unix(0, q.usedAt.Load())) < q.after+q.dormantAfter {
+			return
+		}
+		next = wordDormant
 	}
 	w := q.word.Load()
-	if w&1 == 0 {
-		q.announce(true)
+	if w&wordTiming != next {
+		q.announce(next)
 		return
 	}
 	if len(q.acks) == 0 {
@@ -167,7 +228,10 @@ func (q *quiescence) tick(now time.Time) {
 			return
 		}
 	}
-	q.setQuiet(true)
+	// Every follower runs the timing asked for. Dormant, this leader's
+	// transport answers its next idle append as a follower of a later
+	// term would, and raft steps down (transport_dormant.go).
+	q.setTiming(next)
 }
 
 // resetAcks forgets the followers' answers; a busy leader does this at
@@ -185,23 +249,19 @@ func (q *quiescence) resetAcks() {
 func (q *quiescence) busy(now time.Time) {
 	q.movedAt = now
 	q.resetAcks()
-	q.announce(false)
-	q.setQuiet(false)
+	q.announce(timingFast)
+	q.setTiming(timingFast)
 }
 
-// announce makes this leader's heartbeats ask for the quiet timing, or
-// the fast one, in a new epoch, unless they already do. Called with mu
-// held.
-func (q *quiescence) announce(quiet bool) {
-	if w := q.word.Load(); w != 0 && (w&1 == 1) == quiet {
+// announce makes this leader's heartbeats ask for timing (timingFast,
+// wordQuiet or wordDormant) in a new epoch, unless they already do.
+// Called with mu held.
+func (q *quiescence) announce(timing uint64) {
+	if w := q.word.Load(); w != 0 && w&wordTiming == timing {
 		return
 	}
 	q.epoch++
-	w := q.epoch << 1
-	if quiet {
-		w |= 1
-	}
-	q.word.Store(w)
+	q.word.Store(q.epoch<<wordEpochShift | timing)
 }
 
 // stopLeading: the replica follows (or is closing), so its heartbeats
@@ -254,7 +314,7 @@ func (q *quiescence) acked(target raft.ServerAddress, w uint64) {
 // leader's, in term) and returns the word it runs now, for the answer: 0
 // if it ignored the word as older than one it already followed.
 func (q *quiescence) follow(term uint64, leader raft.ServerAddress, w uint64) uint64 {
-	epoch := w >> 1
+	epoch := w >> wordEpochShift
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	// It accepted a leader's heartbeat: it follows now, whatever the
@@ -265,14 +325,14 @@ func (q *quiescence) follow(term uint64, leader raft.ServerAddress, w uint64) ui
 	}
 	q.seenTerm, q.seenEpoch = term, epoch
 	q.quietLeader = leader
-	if w&1 == 1 && time.Since(q.movedAt) < q.after/2 {
+	if w&wordQuiet != 0 && time.Since(q.movedAt) < q.after/2 {
 		// Still catching up (its log moved lately): it would wake at
 		// the next entry and go quiet again at the next word, and a
 		// leader that counted its answer could slow down just as it
 		// woke. Not yet; the leader waits.
 		return 0
 	}
-	q.setQuiet(w&1 == 1)
+	q.setTiming(w & wordTiming)
 	return w
 }
 
@@ -294,7 +354,7 @@ func (t *Transport) followTiming(req, resp any, w uint64) uint64 {
 // miss for longer.
 func (t *Transport) idleRefresh() time.Duration {
 	r := t.mux.cfg.IdleAppendRefresh
-	if q := t.quiet.Load(); q != nil && q.word.Load()&1 == 1 {
+	if q := t.quiet.Load(); q != nil && q.word.Load()&wordQuiet != 0 {
 		r = max(r, q.slow)
 	}
 	return r
@@ -304,7 +364,8 @@ func (t *Transport) idleRefresh() time.Duration {
 func (q *quiescence) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.quiet = false
+	q.quiet, q.timing = false, timingFast
+	q.transport.dormant.Store(false)
 	q.closed = true
 	q.stopLeading()
 }

@@ -123,16 +123,16 @@ func TestQuietWordOlderIgnored(t *testing.T) {
 	leader := c.nodes[l].mux.cfg.LocalAddr
 	// Far ahead of the leader's own epochs, so that its heartbeats do not
 	// interfere during the test.
-	if got := f.follow(term, leader, 1000<<1|1); got != 1000<<1|1 || !g.Quiet() {
+	if got := f.follow(term, leader, 1000<<wordEpochShift|wordQuiet); got != 1000<<wordEpochShift|wordQuiet || !g.Quiet() {
 		t.Fatalf("quiet word of epoch 1000: answered %d, quiet %v", got, g.Quiet())
 	}
-	if got := f.follow(term, leader, 999<<1); got != 0 || !g.Quiet() {
+	if got := f.follow(term, leader, 999<<wordEpochShift); got != 0 || !g.Quiet() {
 		t.Fatalf("older fast word: answered %d, quiet %v; want it ignored", got, g.Quiet())
 	}
-	if got := f.follow(term, leader, 1001<<1); got != 1001<<1 || g.Quiet() {
+	if got := f.follow(term, leader, 1001<<wordEpochShift); got != 1001<<wordEpochShift || g.Quiet() {
 		t.Fatalf("newer fast word: answered %d, quiet %v", got, g.Quiet())
 	}
-	if got := f.follow(term+1, leader, 1<<1|1); got != 1<<1|1 || !g.Quiet() {
+	if got := f.follow(term+1, leader, 1<<wordEpochShift|wordQuiet); got != 1<<wordEpochShift|wordQuiet || !g.Quiet() {
 		t.Fatalf("a new term's first quiet word: answered %d, quiet %v", got, g.Quiet())
 	}
 }

@@ -102,7 +102,7 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 	f := &appendFuture{start: time.Now(), args: args, resp: resp, errCh: make(chan error, 1)}
 	// An idle append answered locally still queues behind those in
 	// flight: raft reads the answers in order.
-	f.local = p.t.answerIdle(p.target, args, resp)
+	f.local = p.t.answerDormant(args, resp) || p.t.answerIdle(p.target, args, resp)
 	var payload []byte
 	if !f.local {
 		var err error

@@ -146,6 +146,10 @@ func (n *Node) refreshLease(g *replication.Group, table string, shard uint32, ti
 	ctx, cancel := n.callContext(timeout, nil)
 	defer cancel()
 	var ix uint64
+	// A dormant group has no leader to give a read index; this replica
+	// elects one unless it names a former leader that is alive (whose
+	// ReadIndex then wakes it).
+	g.Awaken(ctx)
 	if g.Raft().State() == raft.Leader {
 		var err error
 		if ix, err = g.ReadIndex(ctx); err != nil {

@@ -135,6 +135,14 @@ type NodeConfig struct {
 	// zero means replication.DefaultQuietHeartbeatTimeout.
 	QuiesceAfter          time.Duration
 	QuietHeartbeatTimeout time.Duration
+	// DormantAfter is how much longer a shard group must stay quiet to go
+	// dormant (replication.RaftConfig.DormantAfter): its leader steps
+	// down and none of its replicas runs a timer until a write, a
+	// linearizable or bounded read, or a membership change wakes it
+	// with an election. Zero means DefaultDormantAfter; negative turns
+	// it off. Off whenever QuiesceAfter is. The metadata group never
+	// goes dormant.
+	DormantAfter time.Duration
 	// PingInterval and IdleAppendRefresh are the Mux's
 	// (replication.MuxConfig): how often a silent peer node is pinged,
 	// and how long an idle append may be answered from the follower's

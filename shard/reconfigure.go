@@ -37,6 +37,11 @@ func (s *peerService) Reconfigure(ctx context.Context, req *shardpb.ReconfigureR
 	if sm := n.metaFSM.ShardMap(req.Table, req.Shard); req.Epoch != 0 && sm != nil && sm.Epoch > req.Epoch {
 		return nil, s.n.toStatus(fmt.Errorf("group %s: %w: the change was decided at epoch %d, node %s has %d", g.ID(), api.ErrEpochChanged, req.Epoch, n.cfg.ID, sm.Epoch))
 	}
+	if req.Op != shardpb.ReconfigureOp_RECONFIGURE_QUERY {
+		// A membership change needs the group's leader; a dormant group
+		// has none until asked.
+		g.Awaken(ctx)
+	}
 	var err error
 	switch req.Op {
 	case shardpb.ReconfigureOp_RECONFIGURE_QUERY:

@@ -146,7 +146,11 @@ func (n *Node) checkShardEpoch(spec *shardpb.TableSpec, shard uint32, epoch uint
 // from a leader for a while: a replica cut off from its group (partitioned,
 // or removed from it without knowing) would otherwise serve old rows for
 // ever. Eventual reads promise no bound, but not abandonment either.
-func (n *Node) followerFresh(g *replication.Group) error {
+//
+// A dormant group's replicas hear from no leader at all: one serves while
+// its node hears every other voter's node (a woken group's leader would
+// have reached it), and otherwise wakes the group first.
+func (n *Node) followerFresh(ctx context.Context, g *replication.Group) error {
 	r := g.Raft()
 	if r.State() == raft.Leader {
 		return nil
@@ -156,6 +160,15 @@ func (n *Node) followerFresh(g *replication.Group) error {
 		hb = replication.DefaultRaftConfig().HeartbeatTimeout
 	}
 	limit := max(10*hb, 2*time.Second)
+	if g.Dormant() {
+		if g.DormantFresh(limit) {
+			return nil
+		}
+		g.Awaken(ctx)
+		if r.State() == raft.Leader {
+			return nil
+		}
+	}
 	if last := r.LastContact(); last.IsZero() || time.Since(last) > limit {
 		return fmt.Errorf("group %s: %w: replica on node %s has not heard from a leader for over %s", g.ID(), api.ErrUnavailable, n.cfg.ID, limit)
 	}
@@ -243,7 +256,7 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 	case shardpb.Consistency_CONSISTENCY_BOUNDED:
 		err = s.n.boundedFresh(ctx, g, req.Table, req.Shard, bound)
 	case shardpb.Consistency_CONSISTENCY_EVENTUAL:
-		err = s.n.followerFresh(g)
+		err = s.n.followerFresh(ctx, g)
 	}
 	if err != nil {
 		s.n.served.refused(role, level)
@@ -405,7 +418,7 @@ func (s *service) describe(ctx context.Context, req *shardpb.DescribeTableReques
 	for sh := range spec.Shards {
 		l := &shardpb.ShardLeader{Shard: sh}
 		if g := s.n.Group(spec.Name, sh); g != nil {
-			addr, id := g.Raft().LeaderWithID()
+			addr, id := g.LeaderHint()
 			l.LeaderId = string(id)
 			l.LeaderAddr = s.n.clientAddrOf(l.LeaderId, string(addr))
 		}
@@ -584,7 +597,7 @@ func (s *service) Status(ctx context.Context, req *shardpb.StatusRequest) (*shar
 		}
 		if g := n.Group(sm.Table, sm.Shard); g != nil {
 			rs := n.replicaStatus(g.ID(), sm.Table, sm.Shard, g.Raft(), g.AppliedIndex(), g.Table())
-			rs.Quiet = g.Quiet()
+			rs.Quiet, rs.Dormant = g.Quiet(), g.Dormant()
 			withSum(rs, sums)
 			resp.Replicas = append(resp.Replicas, rs)
 		}

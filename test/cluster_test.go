@@ -262,6 +262,88 @@ func TestClusterQuietLeaderKill(t *testing.T) {
 	verify(t, c, l, "idle")
 }
 
+// TestClusterDormantTable: an idle table goes dormant (its leaders step
+// down; no replica runs a timer), and the client's requests work on it
+// as on any: a push wakes it, an eventual read is served without waking
+// it, a bounded and a linearizable read wake it; when the node that led
+// it dies while it sleeps, the next push elects a leader among the rest
+// within the expedite silence, and nothing acknowledged is lost.
+func TestClusterDormantTable(t *testing.T) {
+	waitsMostly(t)
+	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) {
+		cfg.QuiesceAfter, cfg.DormantAfter = 300*time.Millisecond, 500*time.Millisecond
+	})
+	ctx := context.Background()
+	spec, err := c.Client().Tables().Create(ctx, counterSpec("sleepy", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger(t, spec)
+	pushLoad(t, c, l, "sleepy", 2, 20, nil)
+	allDormant := func(skip int) func() bool {
+		return func() bool {
+			for i := range 3 {
+				if i == skip {
+					continue
+				}
+				if d, n := c.Node(i).DormantReplicas(); n == 0 || d != n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	c.waitFor(15*time.Second, "every replica of the idle table dormant", allDormant(-1))
+	for i := range 3 {
+		if n := c.Node(i).Group("sleepy", 0); n != nil && n.IsLeader() {
+			t.Fatalf("n%d still leads a dormant group", i+1)
+		}
+	}
+
+	start := time.Now()
+	pushLoad(t, c, l, "sleepy", 1, 1, nil)
+	t.Logf("first push to the dormant table took %s", time.Since(start).Round(time.Millisecond))
+	verify(t, c, l, "sleepy")
+
+	c.waitFor(15*time.Second, "every replica dormant again", allDormant(-1))
+	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	out := make([]float32, len(keys)*spec.Dim)
+	if err := c.Client().Pull(ctx, "sleepy", keys, out, client.WithConsistency(client.Eventual), client.AllowWeaker()); err != nil {
+		t.Fatalf("eventual pull of a dormant table: %v", err)
+	}
+	if !allDormant(-1)() {
+		t.Fatal("an eventual pull woke the dormant table")
+	}
+	if err := c.Client().Pull(ctx, "sleepy", keys, out, client.WithStaleness(500*time.Millisecond), client.AllowWeaker()); err != nil {
+		t.Fatalf("bounded pull of a dormant table: %v", err)
+	}
+
+	c.waitFor(15*time.Second, "every replica dormant again", allDormant(-1))
+	d, err := c.Client().Tables().Describe(ctx, "sleepy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := -1
+	for i := range 3 {
+		if c.Node(i).ID() == d.Shards[0].LeaderID {
+			victim = i
+		}
+	}
+	if victim < 0 {
+		t.Fatalf("describe names no former leader of sleepy/0: %+v", d.Shards[0])
+	}
+	killed := time.Now()
+	c.Kill(victim)
+	pushLoad(t, c, l, "sleepy", 1, 1, nil)
+	took := time.Since(killed)
+	t.Logf("killed n%d, which led the dormant table; a push succeeded after %s", victim+1, took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("a dormant table took %s to take a push after its former leader's node died", took)
+	}
+	c.Start(victim)
+	verify(t, c, l, "sleepy")
+}
+
 // TestClusterQuietMetaLeaderKill: the metadata group of an idle cluster
 // goes quiet too, and its dead leader is still replaced by the expedited
 // election, not after the quiet timer (5-10 s): tables can be created at

@@ -78,7 +78,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		if r.Replication == "chain" {
 			state = "chain " + r.ChainRole // TERM is the chain's epoch, LEADER its head
 		}
-		if r.Quiet {
+		switch {
+		case r.Dormant:
+			state += " (dormant)"
+		case r.Quiet:
 			state += " (quiet)"
 		}
 		sum := ""

@@ -113,6 +113,9 @@ type ReplicaStatus struct {
 	// Quiet: a Raft replica on its group's quiet timing (the group has
 	// been idle; raftps server --quiesce-after).
 	Quiet bool `json:"quiet,omitempty"`
+	// Dormant: a Raft replica of a dormant group (no leader until a
+	// request needs one; raftps server --dormant-after).
+	Dormant bool `json:"dormant,omitempty"`
 	// Checksum of the rows at Applied, if asked for (replicas of one shard
 	// at the same applied index must agree).
 	Checksum *uint64 `json:"checksum,omitempty"`
@@ -184,7 +187,7 @@ func StatusFromProto(r *shardpb.StatusResponse) NodeStatus {
 		rep := ReplicaStatus{Group: rs.Group, Node: r.NodeId, Table: rs.Table, Shard: int(rs.Shard), State: rs.State,
 			Leader: rs.LeaderId, LeaderAddr: rs.LeaderAddr, Term: rs.Term, Applied: rs.AppliedIndex, Commit: rs.CommitIndex,
 			Last: rs.LastIndex, Rows: rs.Rows, Memory: rs.MemoryBytes, Replication: cmp.Or(rs.Replication, "raft"),
-			ChainRole: rs.ChainRole, ChainEpoch: rs.ChainEpoch, ChainOrder: rs.ChainOrder, ChainCaughtUp: rs.ChainCaughtUp, Quiet: rs.Quiet}
+			ChainRole: rs.ChainRole, ChainEpoch: rs.ChainEpoch, ChainOrder: rs.ChainOrder, ChainCaughtUp: rs.ChainCaughtUp, Quiet: rs.Quiet, Dormant: rs.Dormant}
 		if rs.HasChecksum {
 			sum := rs.Checksum
 			rep.Checksum = &sum

@@ -30,7 +30,7 @@ func NewStatusCollector(status StatusFunc) *StatusCollector {
 var (
 	replicaLabels = []string{"table", "shard"}
 
-	descRole        = prometheus.NewDesc("raftps_replica_role", "1 for the role a replica holds now: leader, follower or candidate (Raft); head, middle, tail or none (chain).", []string{"table", "shard", "replication", "role"}, nil)
+	descRole        = prometheus.NewDesc("raftps_replica_role", "1 for the role a replica holds now: leader, follower, candidate or dormant (Raft; dormant: a follower of a group with no leader until a request needs one); head, middle, tail or none (chain).", []string{"table", "shard", "replication", "role"}, nil)
 	descTerm        = prometheus.NewDesc("raftps_raft_term", "A replica's current Raft term (chain replicas: their configuration epoch).", replicaLabels, nil)
 	descCommit      = prometheus.NewDesc("raftps_commit_index", "A replica's commit index (chain: what it knows the tail has applied).", replicaLabels, nil)
 	descApplied     = prometheus.NewDesc("raftps_applied_index", "The last log index a replica applied to its table.", replicaLabels, nil)
@@ -40,6 +40,7 @@ var (
 	descNodeRepl    = prometheus.NewDesc("raftps_node_replicas", "Shard replicas this node holds (the metadata group's not counted).", nil, nil)
 	descNodeLeaders = prometheus.NewDesc("raftps_node_leaders", "Shard groups this node leads (chains: heads).", nil, nil)
 	descNodeQuiet   = prometheus.NewDesc("raftps_node_quiet_replicas", "Shard replicas of this node on their group's quiet timing (idle groups, --quiesce-after).", nil, nil)
+	descNodeDormant = prometheus.NewDesc("raftps_node_dormant_replicas", "Shard replicas of this node whose group is dormant: no leader until a request needs one (--dormant-after).", nil, nil)
 	descMetaLeader  = prometheus.NewDesc("raftps_meta_leader", "1 on the node that leads the metadata group: its cluster gauges are the authoritative ones.", nil, nil)
 	descMembers     = prometheus.NewDesc("raftps_cluster_members", "Nodes by gossip state (alive, suspect, dead) as this node sees them.", []string{"state"}, nil)
 	descUnder       = prometheus.NewDesc("raftps_cluster_under_replicated_shards", "Shards with fewer live replicas than their table asks for, as this node sees them.", nil, nil)
@@ -85,7 +86,7 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDiskFree, float64(l.DiskFreeBytes))
 		gauge(descDiskSize, float64(l.DiskSizeBytes))
 	}
-	var replicas, leaders, quiet, metaLeader float64
+	var replicas, leaders, quiet, dormant, metaLeader float64
 	for _, r := range st.Replicas {
 		table, shard := r.Table, strconv.Itoa(int(r.Shard))
 		if r.Group == "meta" {
@@ -101,8 +102,16 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 			if r.Quiet {
 				quiet++
 			}
+			if r.Dormant {
+				dormant++
+			}
 		}
 		repl, role := "raft", r.State
+		if r.Dormant && r.State == "follower" {
+			// No leader by design until a request needs one: the
+			// no-leader alert must not page for it.
+			role = "dormant"
+		}
 		if r.Replication == "chain" {
 			repl, role = "chain", r.ChainRole
 		}
@@ -123,6 +132,7 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descNodeRepl, replicas)
 	gauge(descNodeLeaders, leaders)
 	gauge(descNodeQuiet, quiet)
+	gauge(descNodeDormant, dormant)
 	gauge(descMetaLeader, metaLeader)
 	states := map[string]float64{"alive": 0, "suspect": 0, "dead": 0}
 	for _, nd := range st.Nodes {

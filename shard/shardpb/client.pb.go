@@ -2183,7 +2183,11 @@ type ReplicaStatus struct {
 	ChainCaughtUp bool `protobuf:"varint,19,opt,name=chain_caught_up,json=chainCaughtUp,proto3" json:"chain_caught_up,omitempty"`
 	// A Raft replica on its group's quiet timing (raftps server
 	// --quiesce-after): nothing has been written to the group lately.
-	Quiet         bool `protobuf:"varint,20,opt,name=quiet,proto3" json:"quiet,omitempty"`
+	Quiet bool `protobuf:"varint,20,opt,name=quiet,proto3" json:"quiet,omitempty"`
+	// A Raft replica of a dormant group (raftps server --dormant-after):
+	// quiet for long enough that its leader stepped down; the next write,
+	// linearizable or bounded read, or membership change elects one.
+	Dormant       bool `protobuf:"varint,21,opt,name=dormant,proto3" json:"dormant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2354,6 +2358,13 @@ func (x *ReplicaStatus) GetChainCaughtUp() bool {
 func (x *ReplicaStatus) GetQuiet() bool {
 	if x != nil {
 		return x.Quiet
+	}
+	return false
+}
+
+func (x *ReplicaStatus) GetDormant() bool {
+	if x != nil {
+		return x.Dormant
 	}
 	return false
 }
@@ -4253,7 +4264,7 @@ const file_client_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\rR\breplicas\x12\x18\n" +
 	"\aleaders\x18\x05 \x01(\rR\aleaders\x12\x14\n" +
-	"\x05admin\x18\x06 \x01(\tR\x05admin\"\xd7\x04\n" +
+	"\x05admin\x18\x06 \x01(\tR\x05admin\"\xf1\x04\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
@@ -4280,7 +4291,8 @@ const file_client_proto_rawDesc = "" +
 	"\vchain_order\x18\x12 \x03(\tR\n" +
 	"chainOrder\x12&\n" +
 	"\x0fchain_caught_up\x18\x13 \x01(\bR\rchainCaughtUp\x12\x14\n" +
-	"\x05quiet\x18\x14 \x01(\bR\x05quiet\"&\n" +
+	"\x05quiet\x18\x14 \x01(\bR\x05quiet\x12\x18\n" +
+	"\adormant\x18\x15 \x01(\bR\adormant\"&\n" +
 	"\x0eHotKeysRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\">\n" +
 	"\x0fHotKeysResponse\x12+\n" +

@@ -48,14 +48,17 @@
 // stands still goes quiet (transport_quiet.go, RaftConfig.QuietAfter): its
 // replicas reload raft's heartbeat and election timeouts to seconds, agreed
 // through a timing word on the leader's heartbeats, and its failover is left
-// to ExpediteElection. Closing a group's Transport ends its calls in flight, so
+// to ExpediteElection. A shard group quiet for RaftConfig.DormantAfter more
+// goes dormant (transport_dormant.go): its leader steps down and no replica
+// runs a timer; Push, ReadIndex and Awaken wake it with an election.
+// Closing a group's Transport ends its calls in flight, so
 // that raft's Shutdown, which waits for the replicators making them, does
 // not wait out a timeout on a peer that does not answer.
 //
 // # Concurrency
 //
-// Push, Pull and the accessors are safe for concurrent use; Tick and
-// TransferLeadership too (a group's quiescence has a mutex of its own, and
+// Push, Pull and the accessors are safe for concurrent use; Tick, Awaken
+// (concurrent calls start one election) and TransferLeadership too (a group's quiescence has a mutex of its own, and
 // reloads raft's timing only under it). Raft calls the FSM's Apply,
 // Snapshot and Restore one at a time on its FSM goroutine; a snapshot is
 // persisted on another goroutine while applies go on (store's

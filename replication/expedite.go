@@ -234,15 +234,26 @@ func (r *RaftReplica) watchVoters(leader raft.ServerID) {
 	if !ok {
 		return
 	}
+	others, _ := r.otherVoters(leader)
+	for _, s := range others {
+		t.mux.watch(s.Address)
+	}
+}
+
+// otherVoters returns the group's voters in its latest configuration but
+// this replica and skip (none if empty), and false if raft could not say.
+func (r *RaftReplica) otherVoters(skip raft.ServerID) ([]raft.Server, bool) {
 	f := r.Raft.GetConfiguration()
 	if f.Error() != nil {
-		return
+		return nil, false
 	}
+	var out []raft.Server
 	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter && s.ID != leader && s.ID != r.cfg.NodeID {
-			t.mux.watch(s.Address)
+		if s.Suffrage == raft.Voter && s.ID != r.cfg.NodeID && (skip == "" || s.ID != skip) {
+			out = append(out, s)
 		}
 	}
+	return out, true
 }
 
 // hearing says whether this node hears peer's node now: it heard from it

@@ -251,7 +251,7 @@ func (g *Group) Push(ctx context.Context, p *Push) (duplicate bool, err error) {
 	if err := g.batcher.Check(g.Table(), p); err != nil {
 		return false, err
 	}
-	g.awaken(ctx)
+	g.Awaken(ctx)
 	if g.raft.State() != raft.Leader {
 		return false, g.notLeader()
 	}
@@ -335,7 +335,7 @@ func (g *Group) readIndex(ctx context.Context) error {
 // at or below the index it returns, on any replica: a follower that has
 // applied it can serve a read that must reflect those writes.
 func (g *Group) ReadIndex(ctx context.Context) (uint64, error) {
-	g.awaken(ctx)
+	g.Awaken(ctx)
 	g.replica.touch()
 	if g.raft.State() != raft.Leader {
 		return 0, g.notLeader()

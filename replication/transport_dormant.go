@@ -203,10 +203,11 @@ func (r *RaftReplica) Awaken(ctx context.Context) {
 	}
 }
 
-// awaken is RaftReplica.Awaken for the group's replica; as leader, it
+// Awaken is RaftReplica.Awaken for the group's replica; as leader, it
 // also waits until the replica may serve reads (readyTerm), for at most
-// awakenWait.
-func (g *Group) awaken(ctx context.Context) {
+// awakenWait. Push and ReadIndex call it; so do the node's other requests
+// that need a leader (membership changes, a bounded read's lease).
+func (g *Group) Awaken(ctx context.Context) {
 	if !g.replica.Dormant() {
 		return
 	}
@@ -216,11 +217,6 @@ func (g *Group) awaken(ctx context.Context) {
 		time.Sleep(time.Millisecond)
 	}
 }
-
-// Awaken is RaftReplica.Awaken for the group's replica: for requests that
-// need a leader and do not go through Push or ReadIndex (membership
-// changes).
-func (g *Group) Awaken(ctx context.Context) { g.awaken(ctx) }
 
 // LeaderHint is the leader this replica names (raft's LeaderWithID), or
 // for a dormant replica that names none (the one that stepped down) the
@@ -246,15 +242,12 @@ func (r *RaftReplica) VotersHeard(within time.Duration) bool {
 	if !ok {
 		return false
 	}
-	f := r.Raft.GetConfiguration()
-	if f.Error() != nil {
+	others, ok := r.otherVoters("")
+	if !ok {
 		return false
 	}
 	now := time.Now()
-	for _, s := range f.Configuration().Servers {
-		if s.Suffrage != raft.Voter || s.ID == r.cfg.NodeID {
-			continue
-		}
+	for _, s := range others {
 		if heard, ok := t.mux.LastHeard(s.Address); !ok || now.Sub(heard) > within {
 			return false
 		}

@@ -77,7 +77,6 @@ type quiescence struct {
 
 	mu     sync.Mutex
 	timing uint64 // what raft runs now: timingFast, wordQuiet or wordDormant
-	quiet  bool   // timing is not timingFast
 	closed bool
 	// The last index seen and when it moved (leader and follower), and
 	// the leader's epoch.
@@ -129,20 +128,11 @@ func (q *quiescence) setTiming(timing uint64) {
 		return
 	}
 	q.transport.setHeartbeatTimeout(rc.HeartbeatTimeout)
-	q.timing, q.quiet = timing, timing != timingFast
+	q.timing = timing
 	q.transport.dormant.Store(timing == wordDormant)
 	if timing == timingFast {
 		q.restUntil.Store(0)
 	}
-}
-
-// setQuiet is setTiming of the quiet or the fast timing.
-func (q *quiescence) setQuiet(quiet bool) {
-	if quiet {
-		q.setTiming(wordQuiet)
-		return
-	}
-	q.setTiming(timingFast)
 }
 
 // tick moves the replica between the timings; the node calls it for each
@@ -187,13 +177,13 @@ func (q *quiescence) tick(now time.Time) {
 			}
 			return
 		}
-		if q.quiet {
+		if q.timing == wordQuiet {
 			// A follower whose log moved wakes without waiting for its
 			// leader's word: if that entry removes the leader (which then
 			// steps down), no word may come, and the group would wait for
 			// the slow timer.
 			if addr, _ := q.raft.LeaderWithID(); state != raft.Follower || addr != q.quietLeader || moved {
-				q.setQuiet(false)
+				q.setTiming(timingFast)
 			}
 		}
 		return
@@ -208,9 +198,9 @@ func (q *quiescence) tick(now time.Time) {
 	switch {
 	case now.Sub(q.movedAt) < q.after || q.timing == wordDormant:
 		return
-	case q.quiet:
-		if q.dormantAfter <= 0 || now.Sub(q.movedAt) < q.after+q.dormantAfter ||
-			now.Sub(time.Unix(0, q.usedAt.Load())) < q.after+q.dormantAfter {
+	case q.timing == wordQuiet:
+		used := max(q.movedAt.UnixNano(), q.usedAt.Load())
+		if q.dormantAfter <= 0 || now.Sub(time.Unix(0, used)) < q.after+q.dormantAfter {
 			return
 		}
 		next = wordDormant
@@ -281,7 +271,7 @@ func (q *quiescence) wake() {
 		q.busy(time.Now())
 		return
 	}
-	q.setQuiet(false)
+	q.setTiming(timingFast)
 }
 
 // sent notes that a heartbeat of this leader's went to target, and
@@ -364,7 +354,7 @@ func (t *Transport) idleRefresh() time.Duration {
 func (q *quiescence) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.quiet, q.timing = false, timingFast
+	q.timing = timingFast
 	q.transport.dormant.Store(false)
 	q.closed = true
 	q.stopLeading()
@@ -394,7 +384,7 @@ func (r *RaftReplica) Quiet() bool {
 	}
 	r.quiet.mu.Lock()
 	defer r.quiet.mu.Unlock()
-	return r.quiet.quiet
+	return r.quiet.timing != timingFast
 }
 
 // Tick is RaftReplica.Tick for the group's replica.

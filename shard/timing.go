@@ -246,27 +246,25 @@ func (n *Node) MetaQuiet() bool { return n.meta.Quiet() }
 // QuietReplicas counts this node's shard replicas, and those of them on
 // their group's quiet timing (NodeConfig.QuiesceAfter).
 func (n *Node) QuietReplicas() (quiet, total int) {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	for _, g := range n.groups {
-		total++
-		if g.Quiet() {
-			quiet++
-		}
-	}
-	return quiet, total
+	return n.countReplicas((*replication.Group).Quiet)
 }
 
 // DormantReplicas counts this node's shard replicas, and those of them
 // whose group is dormant (NodeConfig.DormantAfter).
 func (n *Node) DormantReplicas() (dormant, total int) {
+	return n.countReplicas((*replication.Group).Dormant)
+}
+
+// countReplicas counts this node's shard replicas, and those for which is
+// holds.
+func (n *Node) countReplicas(is func(*replication.Group) bool) (count, total int) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	for _, g := range n.groups {
 		total++
-		if g.Dormant() {
-			dormant++
+		if is(g) {
+			count++
 		}
 	}
-	return dormant, total
+	return count, total
 }

@@ -14,9 +14,13 @@ import (
 //
 //	push batch: cmdPush | leader time i64 (unix ns) | count uvarint | count × push
 //	push:       client u64 | seq u64 | keys u32 | keys × u64 | keys × dim × f32
+//	bf16 push:  client u64 | seq u64 | keys u32 with bit 31 set | keys × u64 | keys × dim × bf16
 //
-// all little-endian. Keys and gradients are copied in and out as whole byte
-// runs, never converted element by element. The leader time is the leader's
+// all little-endian. Keys and float32 gradients are copied in and out as
+// whole byte runs, never converted element by element; bfloat16 gradients
+// (a table of grad precision bf16) take half the bytes and are widened
+// exactly on the way out (store/bf16.go), so every replica applies the same
+// float32 values. The leader time is the leader's
 // wall clock when it built the entry; replicas use it, never their own
 // clocks, so everything derived from it (dedupe expiry) is the same on all.
 //
@@ -35,9 +39,24 @@ type Push struct {
 	Seq    uint64
 	Keys   []uint64
 	Grads  []float32 // len(Keys) × dim
+	// BF16: log the gradients as bfloat16, half the bytes. Each must be a
+	// value bfloat16 holds (store.RoundBF16): the encoding drops the low
+	// 16 bits of each float32.
+	BF16 bool
 }
 
-func (p *Push) encodedSize() int { return 8 + 8 + 4 + len(p.Keys)*8 + len(p.Grads)*4 }
+// pushBF16 marks a push of bfloat16 gradients in its key count word. No
+// push comes near 2^31 keys: an entry is at most MaxRaftMessageBytes.
+const pushBF16 = 1 << 31
+
+func (p *Push) gradBytes() int {
+	if p.BF16 {
+		return store.BF16Bytes
+	}
+	return 4
+}
+
+func (p *Push) encodedSize() int { return 8 + 8 + 4 + len(p.Keys)*8 + len(p.Grads)*p.gradBytes() }
 
 // appendPushBatchHeader starts a push batch of count pushes; appendPush
 // then adds each.
@@ -53,8 +72,15 @@ const pushBatchHeaderMax = 1 + 8 + binary.MaxVarintLen64
 func appendPush(b []byte, p *Push) []byte {
 	b = binary.LittleEndian.AppendUint64(b, p.Client)
 	b = binary.LittleEndian.AppendUint64(b, p.Seq)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(p.Keys)))
+	n := uint32(len(p.Keys))
+	if p.BF16 {
+		n |= pushBF16
+	}
+	b = binary.LittleEndian.AppendUint32(b, n)
 	b = append(b, KeysBytes(p.Keys)...)
+	if p.BF16 {
+		return store.AppendBF16(b, p.Grads)
+	}
 	return append(b, ValuesBytes(p.Grads)...)
 }
 
@@ -107,7 +133,7 @@ const pushHeader = 8 + 8 + 4
 // does not move (it is a copy).
 func (r pushBatchReader) validate() error {
 	for {
-		_, size, ok, err := r.span()
+		_, _, size, ok, err := r.span()
 		if !ok {
 			return err
 		}
@@ -116,32 +142,38 @@ func (r pushBatchReader) validate() error {
 	}
 }
 
-// span checks that the next push is whole and returns its key count and
-// encoded size; ok is false at the end.
-func (r *pushBatchReader) span() (n, size int, ok bool, err error) {
+// span checks that the next push is whole and returns its key count,
+// whether its gradients are bfloat16, and its encoded size; ok is false at
+// the end.
+func (r *pushBatchReader) span() (n int, bf16 bool, size int, ok bool, err error) {
 	if r.left == 0 {
 		if len(r.rest) != 0 {
-			return 0, 0, false, fmt.Errorf("push batch: %d bytes after the last push", len(r.rest))
+			return 0, false, 0, false, fmt.Errorf("push batch: %d bytes after the last push", len(r.rest))
 		}
-		return 0, 0, false, nil
+		return 0, false, 0, false, nil
 	}
 	if len(r.rest) < pushHeader {
-		return 0, 0, false, fmt.Errorf("push batch: truncated push header")
+		return 0, false, 0, false, fmt.Errorf("push batch: truncated push header")
 	}
 	// Compared by division, so that no product of a declared count can
 	// overflow whatever the dimension.
-	keys := uint64(binary.LittleEndian.Uint32(r.rest[16:]))
+	word := binary.LittleEndian.Uint32(r.rest[16:])
+	bf16 = word&pushBF16 != 0
+	keys := uint64(word &^ pushBF16)
 	row := uint64(8 + r.dim*4)
+	if bf16 {
+		row = uint64(8 + r.dim*store.BF16Bytes)
+	}
 	if keys > uint64(len(r.rest)-pushHeader)/row {
-		return 0, 0, false, fmt.Errorf("push batch: push of %d keys truncated", keys)
+		return 0, false, 0, false, fmt.Errorf("push batch: push of %d keys truncated", keys)
 	}
 	n = int(keys)
-	return n, pushHeader + n*int(row), true, nil
+	return n, bf16, pushHeader + n*int(row), true, nil
 }
 
 // next returns the next push, or nil at the end.
 func (r *pushBatchReader) next() (*Push, error) {
-	n, need, ok, err := r.span()
+	n, bf16, need, ok, err := r.span()
 	if !ok {
 		return nil, err
 	}
@@ -150,8 +182,16 @@ func (r *pushBatchReader) next() (*Push, error) {
 	p.Seq = binary.LittleEndian.Uint64(r.rest[8:])
 	p.Keys = growU64(p.Keys, n)
 	p.Grads = growF32(p.Grads, n*r.dim)
+	p.BF16 = bf16
 	copy(KeysBytes(p.Keys), r.rest[pushHeader:pushHeader+n*8])
-	copy(ValuesBytes(p.Grads), r.rest[pushHeader+n*8:need])
+	if bf16 {
+		// span checked the length, so this cannot fail.
+		if err := store.WidenBF16(p.Grads, r.rest[pushHeader+n*8:need]); err != nil {
+			return nil, fmt.Errorf("push batch: %w", err)
+		}
+	} else {
+		copy(ValuesBytes(p.Grads), r.rest[pushHeader+n*8:need])
+	}
 	r.rest = r.rest[need:]
 	r.left--
 	return p, nil
@@ -167,7 +207,7 @@ func PushedKeys(dst []uint64, cmd []byte, dim int) []uint64 {
 		return dst
 	}
 	for {
-		n, size, ok, _ := r.span()
+		n, _, size, ok, _ := r.span()
 		if !ok {
 			return dst
 		}

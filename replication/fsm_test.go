@@ -19,6 +19,14 @@ func TestPushBatchRoundTrip(t *testing.T) {
 	pushes := []*Push{
 		{Client: 1, Seq: 7, Keys: []uint64{1, 2}, Grads: []float32{1, 2, 3, 4}},
 		{Client: math.MaxUint64, Seq: 1, Keys: []uint64{math.MaxUint64}, Grads: []float32{-0.5, float32(math.SmallestNonzeroFloat32)}},
+		// bfloat16 gradients (values bfloat16 holds), beside float32 ones
+		// in the same entry, as a batch of a bf16 table's pushes and of
+		// an older client's float32 pushes would never be, but the format
+		// allows.
+		{Client: 3, Seq: 2, Keys: []uint64{5, 6}, Grads: []float32{store.RoundBF16(0.1), -2, store.RoundBF16(3e38), float32(math.Inf(-1))}, BF16: true},
+	}
+	if got, want := pushes[2].encodedSize(), 8+8+4+2*8+4*store.BF16Bytes; got != want {
+		t.Fatalf("bf16 push encodes in %d bytes, want %d", got, want)
 	}
 	cmd := encodePushBatch(12345, pushes)
 	var r pushBatchReader
@@ -33,7 +41,7 @@ func TestPushBatchRoundTrip(t *testing.T) {
 		if err != nil || got == nil {
 			t.Fatalf("push %d: %v", i, err)
 		}
-		if got.Client != want.Client || got.Seq != want.Seq || !reflect.DeepEqual(got.Keys, want.Keys) || !reflect.DeepEqual(got.Grads, want.Grads) {
+		if got.Client != want.Client || got.Seq != want.Seq || got.BF16 != want.BF16 || !reflect.DeepEqual(got.Keys, want.Keys) || !reflect.DeepEqual(got.Grads, want.Grads) {
 			t.Fatalf("push %d: got %+v want %+v", i, got, want)
 		}
 	}
@@ -41,7 +49,7 @@ func TestPushBatchRoundTrip(t *testing.T) {
 		t.Fatalf("after last: %v %v", p, err)
 	}
 	// PushedKeys lists the keys of every push, and of a noop none.
-	if got := PushedKeys([]uint64{9}, cmd, 2); !reflect.DeepEqual(got, []uint64{9, 1, 2, math.MaxUint64}) {
+	if got := PushedKeys([]uint64{9}, cmd, 2); !reflect.DeepEqual(got, []uint64{9, 1, 2, math.MaxUint64, 5, 6}) {
 		t.Fatalf("PushedKeys = %v", got)
 	}
 	if got := PushedKeys(nil, []byte{cmdNoop}, 2); len(got) != 0 {
@@ -59,7 +67,8 @@ func TestPushBatchRoundTrip(t *testing.T) {
 			}
 		}
 		// PushedKeys keeps the keys of the whole pushes before the cut.
-		if got := PushedKeys(nil, cmd[:n], 2); len(got) > 2 || !slices.Equal(got, []uint64{1, 2}[:len(got)]) {
+		all := []uint64{1, 2, math.MaxUint64, 5, 6}
+		if got := PushedKeys(nil, cmd[:n], 2); len(got) >= len(all) || !slices.Equal(got, all[:len(got)]) {
 			t.Fatalf("PushedKeys of %d of %d bytes = %v", n, len(cmd), got)
 		}
 	}

@@ -295,7 +295,7 @@ func (s *service) chainPush(ctx context.Context, spec *shardpb.TableSpec, req *s
 			return nil, s.n.toStatus(err)
 		}
 	}
-	dup, err := ch.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
+	dup, err := ch.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads, BF16: api.IsBF16(spec)})
 	if err != nil {
 		return nil, s.n.toStatus(err)
 	}

@@ -290,7 +290,8 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 	if err != nil {
 		return nil, s.n.toStatus(err)
 	}
-	grads, err := api.DecodeValues(req.Grads, nil)
+	bf16 := api.IsBF16(spec)
+	grads, err := api.DecodeGrads(req.Grads, req.GradsBf16, bf16)
 	if err != nil {
 		return nil, s.n.toStatus(err)
 	}
@@ -307,7 +308,7 @@ func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.
 			return nil, s.n.toStatus(err)
 		}
 	}
-	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads})
+	dup, err := g.Push(ctx, &replication.Push{Client: req.ClientId, Seq: req.Seq, Keys: keys, Grads: grads, BF16: bf16})
 	if err != nil {
 		return nil, s.n.toStatus(err)
 	}

@@ -17,6 +17,9 @@
 //   - Apply (push gradients), Lookup (pull rows), Snapshot/Load/Restore,
 //     Checksum and MemoryBytes.
 //   - Store: tables by name.
+//   - bfloat16 gradients (bf16.go): rounding float32 to bfloat16 and widening
+//     it back, in integer arithmetic on the bits, for tables whose pushes
+//     travel and are logged in half the bytes; rows stay float32.
 //
 // # Determinism
 //

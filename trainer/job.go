@@ -26,6 +26,9 @@ type JobConfig struct {
 	Job, Table string
 	Shards     int
 	Optimizer  string
+	// GradPrecision of the embedding table when the job creates it:
+	// client.GradFP32 (the default) or client.GradBF16.
+	GradPrecision client.GradPrecision
 	// Model: "lr" or "dlrm" (embedding bags of Dim and an MLP of Hidden).
 	Model  string
 	Dim    int
@@ -203,7 +206,7 @@ func RunJob(ctx context.Context, cl *client.Client, tc JobConfig, progress io.Wr
 	if tc.Model == "dlrm" {
 		init = "uniform:0.05"
 	}
-	specs := []client.TableSpec{{Name: tc.Table, Dim: su.model.Dim(), Shards: tc.Shards, Optimizer: tc.Optimizer, Initializer: init}}
+	specs := []client.TableSpec{{Name: tc.Table, Dim: su.model.Dim(), Shards: tc.Shards, Optimizer: tc.Optimizer, Initializer: init, GradPrecision: tc.GradPrecision}}
 	stateTable, denseTable := "", ""
 	if mode.Kind != Sync || tc.CheckpointEvery > 0 {
 		stateTable = tc.Job + ".state"

@@ -61,6 +61,15 @@ func hotSetting(s client.TableSpec) string {
 	return fmt.Sprintf(">= %s pulls/s, %d %s", strconv.FormatFloat(s.HotThreshold, 'g', -1, 64), s.HotReplicas, unit)
 }
 
+// gradName is a table's gradient precision; a table created before the
+// setting existed has none, which is fp32.
+func gradName(s client.TableSpec) string {
+	if s.GradPrecision == "" {
+		return api.GradFP32
+	}
+	return string(s.GradPrecision)
+}
+
 func tableCreate(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("raftps table create NAME", flag.ContinueOnError)
 	var cf clusterFlags
@@ -74,6 +83,7 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	cons := fs.String("consistency", "linearizable", "linearizable, bounded:DURATION (10ms..1h) or eventual")
 	hotThreshold := fs.Float64("hot-threshold", 0, hotThresholdHelp)
 	hotReplicas := fs.Uint("hot-replicas", 0, hotReplicasHelp)
+	grads := fs.String("grad-precision", api.GradFP32, "what pushes' gradients travel and are logged as: fp32, or bf16 (bfloat16: half the bytes, each gradient rounded to 8 mantissa bits; rows stay float32); fixed at creation")
 	repl := fs.String("replication", api.ReplicationRaft, "how each shard is replicated: raft (a Raft group per shard) or chain (head → … → tail, CRAQ reads); fixed at creation")
 	// The name comes first; flags after it.
 	name, rest, rc := nameArg(fs, args, "raftps table create NAME --dim N [flags]", stderr)
@@ -93,6 +103,9 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 	if *repl != api.ReplicationRaft && *repl != api.ReplicationChain {
 		return fail(stderr, "table create", fmt.Errorf("--replication %q: want %s or %s", *repl, api.ReplicationRaft, api.ReplicationChain))
 	}
+	if *grads != api.GradFP32 && *grads != api.GradBF16 {
+		return fail(stderr, "table create", fmt.Errorf("--grad-precision %q: want %s or %s", *grads, api.GradFP32, api.GradBF16))
+	}
 	cl, err := cf.client()
 	if err != nil {
 		return fail(stderr, "table create", err)
@@ -102,6 +115,7 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 		Name: name, Dim: *dim, Optimizer: *opt, Initializer: *init, Shards: int(*shards),
 		Replicas: int(*replicas), Seed: *seed, Consistency: c,
 		HotThreshold: *hotThreshold, HotReplicas: int(*hotReplicas), Replication: client.Replication(*repl),
+		GradPrecision: client.GradPrecision(*grads),
 	})
 	if err != nil {
 		return fail(stderr, "table create", err)
@@ -110,8 +124,8 @@ func tableCreate(args []string, stdout, stderr io.Writer) int {
 		_ = printJSON(stdout, spec)
 		return 0
 	}
-	fmt.Fprintf(stdout, "created table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, %s, hot keys: %s\n",
-		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Replication, spec.Optimizer, spec.Initializer, spec.Consistency, hotSetting(spec))
+	fmt.Fprintf(stdout, "created table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, %s, hot keys: %s, %s gradients\n",
+		spec.Name, spec.Dim, spec.Shards, spec.Replicas, spec.Replication, spec.Optimizer, spec.Initializer, spec.Consistency, hotSetting(spec), gradName(spec))
 	return 0
 }
 
@@ -185,6 +199,7 @@ func printDescribe(stdout io.Writer, d client.TableInfo, asJSON bool) {
 	fmt.Fprintf(stdout, "table %s: dim %d, %d shards × %d replicas (%s), %s, init %s, seed %d, %s\n",
 		s.Name, s.Dim, s.Shards, s.Replicas, s.Replication, s.Optimizer, s.Initializer, s.Seed, s.Consistency)
 	fmt.Fprintf(stdout, "hot keys: %s\n", hotSetting(s))
+	fmt.Fprintf(stdout, "gradients: %s\n", gradName(s))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	if chain {
 		// A chain's head is the first of its order in the map.

@@ -113,6 +113,7 @@ func TestPrintDescribe(t *testing.T) {
 	printDescribe(&out, d, false)
 	want := `table users: dim 8, 2 shards × 3 replicas (raft), adagrad, init zeros, seed 0, bounded:100ms
 hot keys: >= 1000 pulls/s, 2 read replicas
+gradients: fp32
 SHARD  LEADER  ADDR
 0      n1      127.0.0.1:7001
 1      (none)  

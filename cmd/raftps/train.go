@@ -11,6 +11,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/test/localcluster"
 	"github.com/raftps/raftps/trainer"
 )
@@ -34,6 +35,13 @@ func (tc *trainConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&tc.hidden, "hidden", "32,16", "hidden layer sizes (dlrm)")
 	fs.StringVar(&tc.Optimizer, "optimizer", "", "optimizer of the table when train creates it (default adagrad:lr=0.2 for lr, adagrad:lr=0.1 for dlrm)")
 	fs.IntVar(&tc.Shards, "shards", 8, "shards of the embedding table when train creates it")
+	fs.Func("grad-precision", "gradient precision of the embedding table when train creates it: fp32 (default) or bf16", func(v string) error {
+		if v != string(client.GradFP32) && v != string(client.GradBF16) {
+			return fmt.Errorf("want %s or %s", client.GradFP32, client.GradBF16)
+		}
+		tc.GradPrecision = client.GradPrecision(v)
+		return nil
+	})
 	fs.IntVar(&tc.Steps, "steps", 2000, "training steps per trainer (a resumed job goes on to this step)")
 	fs.IntVar(&tc.Batch, "batch", 64, "samples per step and trainer")
 	fs.Float64Var(&tc.DenseLR, "dense-lr", 0, "SGD step of the dense parameters (default 0.5 for lr, 0.1 for dlrm)")

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"unsafe"
+
+	"github.com/raftps/raftps/store"
 )
 
 // ShardOf returns the shard of key in a table of n shards. It is part of the
@@ -73,6 +75,32 @@ func DecodeValues(b []byte, v []float32) ([]float32, error) {
 	}
 	v = growTo(v, len(b)/4)
 	copy(ValuesBytes(v), b)
+	return v, nil
+}
+
+// DecodeGrads decodes a push's gradients for a table of the given
+// precision: float32 bytes, or bfloat16 bytes when bf16 is set (widened
+// exactly). A float32 push to a bfloat16 table is rounded here, so what
+// enters the log, and every replica's rows, is the same whichever client
+// sent it.
+func DecodeGrads(b []byte, bf16, tableBF16 bool) ([]float32, error) {
+	if !bf16 {
+		v, err := DecodeValues(b, nil)
+		if err == nil && tableBF16 {
+			store.RoundAllBF16(v)
+		}
+		return v, err
+	}
+	if !tableBF16 {
+		return nil, fmt.Errorf("%w: bfloat16 gradients for a table of float32 gradients", ErrBadRequest)
+	}
+	if len(b)%store.BF16Bytes != 0 {
+		return nil, fmt.Errorf("%w: bfloat16 grads field is %d bytes, not a multiple of 2", ErrBadRequest, len(b))
+	}
+	v := make([]float32, len(b)/store.BF16Bytes)
+	if err := store.WidenBF16(v, b); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
 	return v, nil
 }
 

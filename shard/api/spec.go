@@ -27,6 +27,18 @@ const (
 	ReplicationChain = "chain"
 )
 
+// Gradient precisions of a table (TableSpec.GradPrecision): what a push's
+// gradients travel and are logged as. Rows and optimizer state are float32
+// either way (store/bf16.go). Fixed at creation; a spec stored before the
+// setting existed has none, which is GradFP32.
+const (
+	GradFP32 = "fp32"
+	GradBF16 = "bf16"
+)
+
+// IsBF16 reports whether the table takes its gradients as bfloat16.
+func IsBF16(s *shardpb.TableSpec) bool { return s.GetGradPrecision() == GradBF16 }
+
 // Limits of the mutable settings of a table (see CheckLevel).
 const (
 	MinStalenessBound  = 10 * time.Millisecond
@@ -107,6 +119,9 @@ func NormalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 	if s.Consistency == shardpb.Consistency_CONSISTENCY_UNSPECIFIED {
 		s.Consistency = shardpb.Consistency_CONSISTENCY_LINEARIZABLE
 	}
+	if s.GradPrecision == "" {
+		s.GradPrecision = GradFP32
+	}
 	cfg, err := TableConfig(s)
 	if err != nil {
 		return nil, err
@@ -118,6 +133,8 @@ func NormalizeSpec(spec *shardpb.TableSpec) (*shardpb.TableSpec, error) {
 		return nil, invalid("table %q: shards = %d (want 1..%d)", s.Name, s.Shards, MaxShards)
 	case s.Replication != ReplicationRaft && s.Replication != ReplicationChain:
 		return nil, invalid("table %q: replication = %q (want %s or %s)", s.Name, s.Replication, ReplicationRaft, ReplicationChain)
+	case s.GradPrecision != GradFP32 && s.GradPrecision != GradBF16:
+		return nil, invalid("table %q: grad precision = %q (want %s or %s)", s.Name, s.GradPrecision, GradFP32, GradBF16)
 	}
 	if err := CheckLevel(s); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/shardpb"
+	"github.com/raftps/raftps/store"
 )
 
 // Push sends gradients (len(keys) × dim values, row i for keys[i]) to the
@@ -85,6 +86,7 @@ func (c *Client) push(ctx context.Context, table string, spec *shardpb.TableSpec
 			dst[col] += src[col]
 		}
 	}
+	bf16 := api.IsBF16(spec)
 	op := &pushOp{c: c, table: table, reqs: make([]*shardpb.PushRequest, spec.Shards), sent: make([]bool, spec.Shards)}
 	var parts []*part
 	for s := range sp.keys {
@@ -95,7 +97,14 @@ func (c *Client) push(ctx context.Context, table string, spec *shardpb.TableSpec
 		// Every attempt at a shard, batched or not, sends this request, so
 		// a retry carries the same seq and is applied at most once.
 		op.reqs[s] = &shardpb.PushRequest{Table: table, Shard: uint32(s), ClientId: c.cfg.ClientID,
-			Seq: c.nextSeq(api.GroupID(table, uint32(s))), Keys: api.KeysBytes(sp.keys[s]), Grads: api.ValuesBytes(sums[s])}
+			Seq: c.nextSeq(api.GroupID(table, uint32(s))), Keys: api.KeysBytes(sp.keys[s])}
+		if bf16 {
+			// Rounded once, here, after the duplicates' sum: the nodes
+			// widen these bits exactly.
+			op.reqs[s].Grads, op.reqs[s].GradsBf16 = store.AppendBF16(make([]byte, 0, len(sums[s])*store.BF16Bytes), sums[s]), true
+		} else {
+			op.reqs[s].Grads = api.ValuesBytes(sums[s])
+		}
 	}
 	if err := c.fanOut(ctx, table, parts, op); err != nil {
 		return fmt.Errorf("push to table %q: %w", table, err)

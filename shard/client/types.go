@@ -153,14 +153,28 @@ type TableSpec struct {
 	// turns hot keys off.
 	HotThreshold float64 `json:"hot_threshold,omitempty"`
 	HotReplicas  int     `json:"hot_replicas,omitempty"`
+	// GradPrecision: what pushes' gradients travel and are logged as,
+	// GradFP32 (the default) or GradBF16 (bfloat16: half the bytes, each
+	// gradient rounded to 8 bits of mantissa once, by the client, before
+	// it is replicated; rows stay float32). Fixed at creation.
+	GradPrecision GradPrecision `json:"grad_precision,omitempty"`
 }
+
+// GradPrecision is a table's gradient precision (TableSpec.GradPrecision).
+type GradPrecision string
+
+// The gradient precisions; "" is GradFP32.
+const (
+	GradFP32 GradPrecision = api.GradFP32
+	GradBF16 GradPrecision = api.GradBF16
+)
 
 func (s TableSpec) proto() *shardpb.TableSpec {
 	return &shardpb.TableSpec{
 		Name: s.Name, Dim: uint32(s.Dim), Initializer: s.Initializer, Optimizer: s.Optimizer, Seed: s.Seed,
 		Shards: uint32(s.Shards), Replicas: uint32(s.Replicas), Replication: string(s.Replication),
 		Consistency: s.Consistency.Level.proto(), StalenessBoundNs: int64(s.Consistency.Bound),
-		HotThreshold: s.HotThreshold, HotReplicas: uint32(s.HotReplicas),
+		HotThreshold: s.HotThreshold, HotReplicas: uint32(s.HotReplicas), GradPrecision: string(s.GradPrecision),
 	}
 }
 
@@ -186,6 +200,7 @@ func specOf(p *shardpb.TableSpec) TableSpec {
 		Shards: int(p.GetShards()), Replicas: int(p.GetReplicas()), Replication: Replication(p.GetReplication()),
 		Consistency:  Consistency{Level: levelOf(p.GetConsistency()), Bound: time.Duration(p.GetStalenessBoundNs())},
 		HotThreshold: p.GetHotThreshold(), HotReplicas: int(p.GetHotReplicas()),
+		GradPrecision: GradPrecision(p.GetGradPrecision()),
 	}
 }
 

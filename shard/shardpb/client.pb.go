@@ -225,7 +225,11 @@ type TableSpec struct {
 	HotThreshold float64 `protobuf:"fixed64,11,opt,name=hot_threshold,json=hotThreshold,proto3" json:"hot_threshold,omitempty"`
 	// Read replicas of each shard's hot keys, on nodes outside its replica
 	// set; 0 with a threshold set means the default (2).
-	HotReplicas   uint32 `protobuf:"varint,12,opt,name=hot_replicas,json=hotReplicas,proto3" json:"hot_replicas,omitempty"`
+	HotReplicas uint32 `protobuf:"varint,12,opt,name=hot_replicas,json=hotReplicas,proto3" json:"hot_replicas,omitempty"`
+	// What a push's gradients travel and are logged as: "fp32" (the default)
+	// or "bf16" (bfloat16, half the bytes; rows stay float32). Fixed at
+	// creation.
+	GradPrecision string `protobuf:"bytes,13,opt,name=grad_precision,json=gradPrecision,proto3" json:"grad_precision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +346,13 @@ func (x *TableSpec) GetHotReplicas() uint32 {
 		return x.HotReplicas
 	}
 	return 0
+}
+
+func (x *TableSpec) GetGradPrecision() string {
+	if x != nil {
+		return x.GradPrecision
+	}
+	return ""
 }
 
 type PullRequest struct {
@@ -521,7 +532,11 @@ type PushRequest struct {
 	Keys  []byte `protobuf:"bytes,5,opt,name=keys,proto3" json:"keys,omitempty"`
 	Grads []byte `protobuf:"bytes,6,opt,name=grads,proto3" json:"grads,omitempty"`
 	// As in PullRequest.
-	Epoch         uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// grads holds bfloat16 values (2 bytes each, the high half of a float32)
+	// instead of float32: for a table whose grad_precision is "bf16". A
+	// float32 push to such a table is rounded by the node that takes it.
+	GradsBf16     bool `protobuf:"varint,8,opt,name=grads_bf16,json=gradsBf16,proto3" json:"grads_bf16,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -603,6 +618,13 @@ func (x *PushRequest) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *PushRequest) GetGradsBf16() bool {
+	if x != nil {
+		return x.GradsBf16
+	}
+	return false
 }
 
 type PushResponse struct {
@@ -4121,7 +4143,7 @@ const file_client_proto_rawDesc = "" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1b\n" +
 	"\tleader_id\x18\x03 \x01(\tR\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x04 \x01(\tR\n" +
-	"leaderAddr\"\x8b\x03\n" +
+	"leaderAddr\"\xb2\x03\n" +
 	"\tTableSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03dim\x18\x02 \x01(\rR\x03dim\x12 \n" +
@@ -4135,7 +4157,8 @@ const file_client_proto_rawDesc = "" +
 	"\vreplication\x18\n" +
 	" \x01(\tR\vreplication\x12#\n" +
 	"\rhot_threshold\x18\v \x01(\x01R\fhotThreshold\x12!\n" +
-	"\fhot_replicas\x18\f \x01(\rR\vhotReplicas\"\xee\x01\n" +
+	"\fhot_replicas\x18\f \x01(\rR\vhotReplicas\x12%\n" +
+	"\x0egrad_precision\x18\r \x01(\tR\rgradPrecision\"\xee\x01\n" +
 	"\vPullRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
@@ -4147,7 +4170,7 @@ const file_client_proto_rawDesc = "" +
 	"\fPullResponse\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x1b\n" +
-	"\tserved_by\x18\x03 \x01(\tR\bservedBy\"\xa8\x01\n" +
+	"\tserved_by\x18\x03 \x01(\tR\bservedBy\"\xc7\x01\n" +
 	"\vPushRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1b\n" +
@@ -4155,7 +4178,9 @@ const file_client_proto_rawDesc = "" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04keys\x18\x05 \x01(\fR\x04keys\x12\x14\n" +
 	"\x05grads\x18\x06 \x01(\fR\x05grads\x12\x14\n" +
-	"\x05epoch\x18\a \x01(\x04R\x05epoch\",\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"grads_bf16\x18\b \x01(\bR\tgradsBf16\",\n" +
 	"\fPushResponse\x12\x1c\n" +
 	"\tduplicate\x18\x01 \x01(\bR\tduplicate\"i\n" +
 	"\tPartError\x12\x12\n" +

@@ -76,20 +76,24 @@ class TableSpec:
     replication: str = ""
     hot_threshold: float = 0.0
     hot_replicas: int = 0
+    # "fp32" (the default) or "bf16": pushes to a bf16 table are rounded to
+    # bfloat16 by the node that takes them (rows stay float32).
+    grad_precision: str = ""
 
     def to_pb(self):
         return pb.TableSpec(
             name=self.name, dim=self.dim, initializer=self.initializer, optimizer=self.optimizer,
             seed=self.seed, shards=self.shards, consistency=int(self.consistency),
             staleness_bound_ns=int(round(self.staleness * 1e9)), replicas=self.replicas,
-            replication=self.replication, hot_threshold=self.hot_threshold, hot_replicas=self.hot_replicas)
+            replication=self.replication, hot_threshold=self.hot_threshold, hot_replicas=self.hot_replicas,
+            grad_precision=self.grad_precision)
 
     @classmethod
     def from_pb(cls, s):
         return cls(name=s.name, dim=s.dim, initializer=s.initializer, optimizer=s.optimizer, seed=s.seed,
                    shards=s.shards, consistency=Consistency(s.consistency), staleness=s.staleness_bound_ns / 1e9,
                    replicas=s.replicas, replication=s.replication, hot_threshold=s.hot_threshold,
-                   hot_replicas=s.hot_replicas)
+                   hot_replicas=s.hot_replicas, grad_precision=s.grad_precision)
 
 
 @dataclasses.dataclass

@@ -32,6 +32,28 @@ def eventually_equal(fn, want, timeout=10.0):
         time.sleep(0.05)
 
 
+def round_bf16(x):
+    """float32 → the nearest bfloat16 (ties to even), as float32: what the
+    nodes do to a float32 push to a bf16 table."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32)
+
+
+def test_bf16_table_rounds_float32_pushes(client, table_name):
+    spec = client.create_table(table_name, DIM, optimizer="sgd:lr=1", initializer="zeros", shards=4,
+                               grad_precision="bf16")
+    assert spec.grad_precision == "bf16"
+    rng = np.random.default_rng(5)
+    keys = np.unique(rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64))
+    grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    client.push(table_name, keys, -grads)
+    got = client.pull(table_name, keys)
+    want = round_bf16(grads)
+    assert not np.array_equal(want, grads)  # the rounding is visible
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("table_level", ["linearizable", "bounded:100ms", "eventual"])
 def test_round_trip_at_every_level(client, table_name, table_level):
     spec = counter_table(client, table_name, table_level)

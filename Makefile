@@ -196,8 +196,9 @@ SOAK_NODES  ?= 3
 # times, restart it each time; then every acknowledged push must be in the
 # rows exactly once and the replicas must agree. go test ./test/ runs 4.
 CRASH_ROUNDS ?= 40
-crash: ## kill -9 a node at random points during writes CRASH_ROUNDS times; nothing acknowledged lost or doubled, replicas agree (~5 min)
-	RAFTPS_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test ./test/ -run '^TestCrashKillDuringWrites$$' -count=1 -v -timeout 60m
+CRASH_GRADS  ?= fp32
+crash: ## kill -9 a node at random points during writes CRASH_ROUNDS times; nothing acknowledged lost or doubled, replicas agree (~5 min; CRASH_GRADS=bf16 for a bfloat16 table)
+	RAFTPS_CRASH_ROUNDS=$(CRASH_ROUNDS) RAFTPS_CRASH_GRADS=$(CRASH_GRADS) $(GO) test ./test/ -run '^TestCrashKillDuringWrites$$' -count=1 -v -timeout 60m
 
 soak: build build-faults ## long chaos (SOAK=30m) on a fresh cluster: report in bin/soak/report.json
 	@rm -rf bin/soak && mkdir -p bin/soak

@@ -41,6 +41,22 @@ func crashServerArgs(t *testing.T) []string {
 	}
 }
 
+// crashGrads is the grad precision of the crash test's table:
+// RAFTPS_CRASH_GRADS=bf16 logs its pushes as bfloat16 (the test's small
+// integer gradients are exact in it, so the ledger holds either way), else
+// fp32.
+func crashGrads(t *testing.T) string {
+	switch v := os.Getenv("RAFTPS_CRASH_GRADS"); v {
+	case "", "fp32":
+		return "fp32"
+	case "bf16":
+		return v
+	default:
+		t.Fatalf("RAFTPS_CRASH_GRADS=%q: want fp32 or bf16", v)
+		return ""
+	}
+}
+
 // TestCrashKillDuringWrites: three server processes with fsync on (each
 // shard replica's log in its segment files, or as RAFTPS_CRASH_LOG says), clients pushing without pause,
 // and, round after round, a random node killed with SIGKILL at a random
@@ -54,7 +70,7 @@ func TestCrashKillDuringWrites(t *testing.T) {
 	bin, dir, cluster := binaryCluster(t, crashServerArgs(t)...)
 	raftps := func(args ...string) string { t.Helper(); return runRaftps(t, bin, args...) }
 	spec := client.TableSpec{Name: "crash", Dim: 2, Shards: 8, Optimizer: "sgd:lr=1", Initializer: "zeros"}
-	raftps("table", "create", spec.Name, "--dim", "2", "--shards", "8", "--optimizer", "sgd:lr=1", "--init", "zeros", "--cluster", cluster)
+	t.Log(raftps("table", "create", spec.Name, "--dim", "2", "--shards", "8", "--optimizer", "sgd:lr=1", "--init", "zeros", "--grad-precision", crashGrads(t), "--cluster", cluster))
 	l := newLedger(t, spec)
 	newClient := elasticClient(t, cluster)
 	load := startClientLoad(t, newClient, l, spec.Name, 4)

@@ -38,7 +38,9 @@
 // Mux is a node's one Raft transport: every group's messages travel over the
 // node's gRPC server, each tagged with its group ID, over one connection per
 // peer (keepalive 2 s). Appends are unary or pipelined on a stream per group
-// and peer; heartbeats are handed to the group's heartbeat handler directly
+// and peer, in a binary encoding (appendcodec.go) to peers whose answers
+// say they read it and msgpack to others, as every other message; heartbeats
+// are handed to the group's heartbeat handler directly
 // and coalesced per peer (raft's periodic ones wait up to HeartbeatDelay
 // for others); snapshots stream in 1 MiB chunks. So that idle groups cost
 // little (transport_idle.go), the Mux pings every peer it has not heard

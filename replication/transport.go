@@ -96,6 +96,10 @@ type MuxConfig struct {
 	// for other groups' to share a message (default DefaultHeartbeatDelay;
 	// negative: none). Leadership checks of reads do not wait.
 	HeartbeatDelay time.Duration
+	// MsgpackAppends makes this node neither send appends in the binary
+	// encoding (appendcodec.go) nor tell peers it reads it, as a build
+	// before it did: for tests of a cluster of mixed builds.
+	MsgpackAppends bool
 	Logger         hclog.Logger
 }
 
@@ -151,22 +155,71 @@ type MuxStats struct {
 	// started.
 	DormantAnswers atomic.Int64
 	DormantWakes   atomic.Int64
+	// BinaryAppends counts AppendEntries this node sent in the binary
+	// encoding; MsgpackAppends those it sent msgpack-encoded.
+	BinaryAppends  atomic.Int64
+	MsgpackAppends atomic.Int64
 }
 
 // Stats returns the Mux's counters.
 func (m *Mux) Stats() *MuxStats { return &m.stats }
 
 // heardFrom notes that peer just answered or sent something.
-func (m *Mux) heardFrom(peer raft.ServerAddress) {
+func (m *Mux) heardFrom(peer raft.ServerAddress) { m.heardEntry(peer) }
+
+func (m *Mux) heardEntry(peer raft.ServerAddress) *peerHeard {
 	if peer == "" {
-		return
+		return nil
 	}
 	now := time.Now().UnixNano()
 	v, ok := m.heard.Load(peer)
 	if !ok {
 		v, _ = m.heard.LoadOrStore(peer, new(peerHeard))
 	}
-	v.(*peerHeard).note(now, int64(m.heardGap()))
+	h := v.(*peerHeard)
+	h.note(now, int64(m.heardGap()))
+	return h
+}
+
+// appendFailed forgets that peer reads binary appends when one sent as
+// in failed: a peer address now served by an older build (a node rolled
+// back) gets msgpack again until its answers say otherwise. Failures are
+// rare, and one msgpack round trip relearns it.
+func (m *Mux) appendFailed(peer raft.ServerAddress, in *transportpb.RPC) {
+	if len(in.GetAppend()) > 0 {
+		m.forgetTakesAppend(peer)
+	}
+}
+
+func (m *Mux) forgetTakesAppend(peer raft.ServerAddress) {
+	if v, ok := m.heard.Load(peer); ok {
+		v.(*peerHeard).takesAppend.Store(false)
+	}
+}
+
+// answered notes an answer from peer: it was heard from, and whether it
+// reads binary appends.
+func (m *Mux) answered(peer raft.ServerAddress, out *transportpb.RPC) {
+	if h := m.heardEntry(peer); h != nil && out.GetTakesAppend() && !h.takesAppend.Load() {
+		h.takesAppend.Store(true)
+	}
+}
+
+// appendRPC is the RPC that carries args to peer: binary if peer reads
+// it, else msgpack.
+func (m *Mux) appendRPC(group string, peer raft.ServerAddress, args *raft.AppendEntriesRequest) (*transportpb.RPC, error) {
+	if !m.cfg.MsgpackAppends {
+		if v, ok := m.heard.Load(peer); ok && v.(*peerHeard).takesAppend.Load() {
+			m.stats.BinaryAppends.Add(1)
+			return &transportpb.RPC{Group: group, Append: encodeAppend(nil, args)}, nil
+		}
+	}
+	payload, err := encode(args)
+	if err != nil {
+		return nil, err
+	}
+	m.stats.MsgpackAppends.Add(1)
+	return &transportpb.RPC{Group: group, Msgpack: payload}, nil
 }
 
 // heardGap is the longest silence that does not end a streak of hearing
@@ -180,6 +233,8 @@ func (m *Mux) heardGap() time.Duration { return 4 * max(m.cfg.PingInterval, 0) }
 // heardGap (the start of the current streak).
 type peerHeard struct {
 	last, since atomic.Int64
+	// takesAppend: the peer's answers said it reads binary appends.
+	takesAppend atomic.Bool
 }
 
 func (h *peerHeard) note(now, gap int64) {
@@ -572,20 +627,28 @@ func (t *Transport) unaryWithin(timeout time.Duration, target raft.ServerAddress
 	if err != nil {
 		return err
 	}
-	payload, err := encode(args)
+	var in *transportpb.RPC
+	if ae, ok := args.(*raft.AppendEntriesRequest); ok {
+		in, err = t.mux.appendRPC(t.group, target, ae)
+	} else {
+		var payload []byte
+		payload, err = encode(args)
+		in = &transportpb.RPC{Group: t.group, Msgpack: payload}
+	}
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, timeout)
 	defer cancel()
-	out, err := call(c, ctx, &transportpb.RPC{Group: t.group, Msgpack: payload})
+	out, err := call(c, ctx, in)
 	if err != nil {
+		t.mux.appendFailed(target, in)
 		if cerr := t.isClosed(); cerr != nil {
 			return cerr // cut short by Close
 		}
 		return fmt.Errorf("raft group %q: %s: %w", t.group, target, err)
 	}
-	t.mux.heardFrom(target)
+	t.mux.answered(target, out)
 	return decode(out.Msgpack, resp)
 }
 
@@ -700,7 +763,11 @@ func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC, wait 
 		return nil, err
 	}
 	req := new(Req)
-	if err := decode(in.Msgpack, req); err != nil {
+	if ae, ok := any(req).(*raft.AppendEntriesRequest); ok && len(in.Append) > 0 && !m.cfg.MsgpackAppends {
+		if err := decodeAppend(in.Append, ae); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "raft group %q: %v", in.Group, err)
+		}
+	} else if err := decode(in.Msgpack, req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	resp, err := t.dispatch(ctx, req, nil)
@@ -711,7 +778,7 @@ func serveUnary[Req any](ctx context.Context, m *Mux, in *transportpb.RPC, wait 
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	answer := &transportpb.RPC{Group: in.Group, Msgpack: out}
+	answer := &transportpb.RPC{Group: in.Group, Msgpack: out, TakesAppend: !m.cfg.MsgpackAppends}
 	if in.Timing != 0 {
 		answer.Timing = t.followTiming(req, resp, in.Timing)
 	}

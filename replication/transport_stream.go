@@ -103,12 +103,13 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 	// An idle append answered locally still queues behind those in
 	// flight: raft reads the answers in order.
 	f.local = p.t.answerDormant(args, resp) || p.t.answerIdle(p.target, args, resp)
-	var payload []byte
+	var in *transportpb.RPC
 	if !f.local {
 		var err error
-		if payload, err = encode(args); err != nil {
+		if in, err = p.t.mux.appendRPC(p.t.group, p.target, args); err != nil {
 			return nil, err
 		}
+		f.binary = len(in.Append) > 0
 	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
@@ -120,7 +121,8 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 	if f.local {
 		return f, nil
 	}
-	if err := p.stream.Send(&transportpb.RPC{Group: p.t.group, Msgpack: payload}); err != nil {
+	if err := p.stream.Send(in); err != nil {
+		p.t.mux.appendFailed(p.target, in)
 		// receive fails every in-flight future once the stream breaks.
 		return nil, fmt.Errorf("raft group %q: pipeline send: %w", p.t.group, err)
 	}
@@ -159,8 +161,11 @@ func (p *pipeline) receive() {
 			msg, err := p.stream.Recv()
 			if err != nil {
 				broken = fmt.Errorf("raft group %q: pipeline: %w", p.t.group, err)
+				if f.binary {
+					p.t.mux.forgetTakesAppend(p.target)
+				}
 			} else {
-				p.t.mux.heardFrom(p.target)
+				p.t.mux.answered(p.target, msg)
 				broken = decode(msg.Msgpack, f.resp)
 				p.t.noteIdle(p.target, f.args, f.resp, f.start, broken)
 				if broken == nil {
@@ -196,13 +201,14 @@ func (p *pipeline) Close() error {
 }
 
 type appendFuture struct {
-	local bool // answered by answerIdle, never sent
-	start time.Time
-	args  *raft.AppendEntriesRequest
-	resp  *raft.AppendEntriesResponse
-	errCh chan error
-	err   error
-	once  sync.Once
+	local  bool // answered by answerIdle, never sent
+	binary bool // sent in the binary encoding
+	start  time.Time
+	args   *raft.AppendEntriesRequest
+	resp   *raft.AppendEntriesResponse
+	errCh  chan error
+	err    error
+	once   sync.Once
 }
 
 func (f *appendFuture) respond(err error) { f.errCh <- err }

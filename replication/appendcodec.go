@@ -44,6 +44,7 @@ func appendSize(r *raft.AppendEntriesRequest) int {
 	const v = binary.MaxVarintLen64
 	// The version byte, six numbers and three lengths; per entry, three
 	// numbers, the type byte and two lengths.
+	//lint:ignore SA1019 the deprecated field Raft still reads (transport_auth.go)
 	n := 1 + 9*v + len(r.ID) + len(r.Addr) + len(r.Leader)
 	for _, e := range r.Entries {
 		n += 5*v + 1 + len(e.Data) + len(e.Extensions)
@@ -64,6 +65,7 @@ func encodeAppend(b []byte, r *raft.AppendEntriesRequest) []byte {
 	b = appendBytes(b, r.ID)
 	b = appendBytes(b, r.Addr)
 	b = binary.AppendUvarint(b, r.Term)
+	//lint:ignore SA1019 the deprecated field Raft still reads (transport_auth.go)
 	b = appendBytes(b, r.Leader)
 	b = binary.AppendUvarint(b, r.PrevLogEntry)
 	b = binary.AppendUvarint(b, r.PrevLogTerm)
@@ -147,6 +149,7 @@ func decodeAppend(b []byte, out *raft.AppendEntriesRequest) error {
 	out.ID = r.bytes("id")
 	out.Addr = r.bytes("addr")
 	out.Term = r.uvarint("term")
+	//lint:ignore SA1019 the deprecated field Raft still reads (transport_auth.go)
 	out.Leader = r.bytes("leader")
 	out.PrevLogEntry = r.uvarint("previous index")
 	out.PrevLogTerm = r.uvarint("previous term")

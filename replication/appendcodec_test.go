@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/transportpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func randomAppend(rng *rand.Rand) *raft.AppendEntriesRequest {
@@ -200,5 +203,40 @@ func TestBinaryAppendsBesideAnOlderNode(t *testing.T) {
 	}
 	if got := nodes[2].mux.Stats().BinaryAppends.Load(); got != 0 {
 		t.Errorf("the older node sent %d binary appends", got)
+	}
+}
+
+// TestAppendFailedForgetsOnlyARefusal: a binary append refused as
+// undecodable (what an older build answers) makes the sender go back to
+// msgpack for that peer; a failure that says nothing of the peer's build
+// (it is down, the pipeline was closed) does not.
+func TestAppendFailedForgetsOnlyARefusal(t *testing.T) {
+	m := startTestNode(t).mux
+	const peer = raft.ServerAddress("127.0.0.1:1")
+	m.answered(peer, &transportpb.RPC{TakesAppend: true})
+	binaryRPC := func() bool {
+		in, err := m.appendRPC("g/0", peer, &raft.AppendEntriesRequest{Term: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(in.Append) > 0
+	}
+	if !binaryRPC() {
+		t.Fatal("a peer whose answer takes binary appends gets msgpack")
+	}
+	sent := &transportpb.RPC{Append: []byte{appendCodecV1}}
+	for _, err := range []error{status.Error(codes.Unavailable, "down"), status.Error(codes.Canceled, "closed"), errors.New("plain")} {
+		m.appendFailed(peer, sent, err)
+		if !binaryRPC() {
+			t.Fatalf("after %v the peer gets msgpack", err)
+		}
+	}
+	m.appendFailed(peer, sent, status.Error(codes.InvalidArgument, "raft transport: decoding"))
+	if binaryRPC() {
+		t.Fatal("after a refusal as undecodable the peer still gets binary appends")
+	}
+	m.answered(peer, &transportpb.RPC{TakesAppend: true})
+	if !binaryRPC() {
+		t.Fatal("an answer that takes binary appends did not bring them back")
 	}
 }

@@ -182,11 +182,13 @@ func (m *Mux) heardEntry(peer raft.ServerAddress) *peerHeard {
 }
 
 // appendFailed forgets that peer reads binary appends when one sent as
-// in failed: a peer address now served by an older build (a node rolled
-// back) gets msgpack again until its answers say otherwise. Failures are
-// rare, and one msgpack round trip relearns it.
-func (m *Mux) appendFailed(peer raft.ServerAddress, in *transportpb.RPC) {
-	if len(in.GetAppend()) > 0 {
+// in was refused as undecodable (InvalidArgument: what an older build
+// answers to an RPC whose msgpack is empty), so a peer address now served
+// by an older build (a node rolled back) gets msgpack again until its
+// answers say otherwise. Other failures (a dead peer, a pipeline closed
+// because its leader stepped down) say nothing about the peer's build.
+func (m *Mux) appendFailed(peer raft.ServerAddress, in *transportpb.RPC, err error) {
+	if len(in.GetAppend()) > 0 && status.Code(err) == codes.InvalidArgument {
 		m.forgetTakesAppend(peer)
 	}
 }
@@ -642,7 +644,7 @@ func (t *Transport) unaryWithin(timeout time.Duration, target raft.ServerAddress
 	defer cancel()
 	out, err := call(c, ctx, in)
 	if err != nil {
-		t.mux.appendFailed(target, in)
+		t.mux.appendFailed(target, in, err)
 		if cerr := t.isClosed(); cerr != nil {
 			return cerr // cut short by Close
 		}

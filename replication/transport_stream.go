@@ -122,7 +122,6 @@ func (p *pipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.App
 		return f, nil
 	}
 	if err := p.stream.Send(in); err != nil {
-		p.t.mux.appendFailed(p.target, in)
 		// receive fails every in-flight future once the stream breaks.
 		return nil, fmt.Errorf("raft group %q: pipeline send: %w", p.t.group, err)
 	}
@@ -161,7 +160,7 @@ func (p *pipeline) receive() {
 			msg, err := p.stream.Recv()
 			if err != nil {
 				broken = fmt.Errorf("raft group %q: pipeline: %w", p.t.group, err)
-				if f.binary {
+				if f.binary && status.Code(err) == codes.InvalidArgument {
 					p.t.mux.forgetTakesAppend(p.target)
 				}
 			} else {

@@ -108,6 +108,9 @@ type NodeConfig struct {
 	// SharedLog wins over both; replicas keep the kind of log they were
 	// created with.
 	BoltLogs bool
+	// GossipFeatures, if set, replaces the features this node gossips
+	// (api.NodeFeatures): for tests of a cluster of mixed builds.
+	GossipFeatures *uint32
 	// GroupHeartbeatTimeout is the Raft heartbeat (and election) timeout
 	// of shard groups; Raft's fields are the metadata group's. A long one
 	// makes idle groups cheap (a leader heartbeats each follower every
@@ -550,7 +553,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	for _, p := range cfg.Peers {
 		expect = append(expect, p.ID)
 	}
-	n.members, err = membership.New(gossip, membership.Local{ID: cfg.ID, Addr: cfg.Addr, Expect: expect, Faults: n.fault, GossipAddrOf: n.gossipAddrOf, Logger: n.log.Named("memberlist")})
+	n.members, err = membership.New(gossip, membership.Local{ID: cfg.ID, Addr: cfg.Addr, Expect: expect, Faults: n.fault, GossipAddrOf: n.gossipAddrOf,
+		Features: nodeFeatures(cfg), Logger: n.log.Named("memberlist")})
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
@@ -791,3 +795,39 @@ func (n *Node) Close() error {
 // ClusterMap returns this node's copy of the cluster map (as far as its
 // metadata replica has applied).
 func (n *Node) ClusterMap() *shardpb.ClusterMap { return n.metaFSM.ClusterMap() }
+
+// nodeFeatures is what this node gossips it can do (api.NodeFeatures).
+func nodeFeatures(cfg NodeConfig) uint32 {
+	if cfg.GossipFeatures != nil {
+		return *cfg.GossipFeatures
+	}
+	return api.NodeFeatures
+}
+
+// everyNodeHas returns nil if every node of the cluster map that is not
+// removed gossips feature, else an error (ErrInvalidConfig) that names
+// the first that does not, or is not heard from: what is asked for would
+// go wrong on a node of an older build (what names it).
+func (n *Node) everyNodeHas(feature uint32, what string) error {
+	members := map[string]membership.Member{}
+	for _, m := range n.Members() {
+		members[m.ID] = m
+	}
+	for _, nd := range n.ClusterMap().GetNodes() {
+		if nd.Admin == shardpb.NodeAdmin_NODE_REMOVED {
+			continue
+		}
+		m, ok := members[nd.Id]
+		switch {
+		case !ok || m.State != membership.Alive:
+			state := "unknown"
+			if ok {
+				state = m.State
+			}
+			return fmt.Errorf("%w: %s needs every node's build to support it, and node %s is not heard from (gossip: %s): try again once it is up", api.ErrInvalidConfig, what, nd.Id, state)
+		case m.Features&feature == 0:
+			return fmt.Errorf("%w: %s: node %s runs a build that does not support it; upgrade every node first", api.ErrInvalidConfig, what, nd.Id)
+		}
+	}
+	return nil
+}

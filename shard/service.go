@@ -384,6 +384,19 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 		return nil, s.n.toStatus(&replication.NotLeaderError{Group: api.MetaGroupID, LeaderID: id, LeaderAddr: addr})
 	}
 	s.n.waitPeersRegistered(ctx)
+	if api.IsBF16(spec) {
+		// A node that has just started may not have gossiped its
+		// features yet: a short grace before refusing.
+		what := fmt.Sprintf("table %q: bf16 gradients", spec.Name)
+		err := s.n.everyNodeHas(api.FeatureBF16Grads, what)
+		for deadline := time.Now().Add(2 * time.Second); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
+			time.Sleep(100 * time.Millisecond)
+			err = s.n.everyNodeHas(api.FeatureBF16Grads, what)
+		}
+		if err != nil {
+			return nil, s.n.toStatus(err)
+		}
+	}
 	cmd, err := s.n.initialPlacement(spec)
 	if err != nil {
 		return nil, s.n.toStatus(err)

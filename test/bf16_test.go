@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftps/raftps/shard"
 	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/client"
 	"github.com/raftps/raftps/shard/shardpb"
@@ -147,5 +148,33 @@ func TestClusterBF16Table(t *testing.T) {
 	bad.GradPrecision = "fp8"
 	if _, err := cl.Tables().Create(ctx, bad); !errors.Is(err, client.ErrInvalidConfig) || !strings.Contains(err.Error(), "fp8") {
 		t.Fatalf("grad precision fp8: %v", err)
+	}
+}
+
+// TestClusterBF16NeedsEveryNode: with one node of a build that knows no
+// bfloat16 gradients (it gossips no features), a bf16 table is refused
+// with an error naming that node, and nothing is created; float32 tables
+// are created as ever.
+func TestClusterBF16NeedsEveryNode(t *testing.T) {
+	waitsMostly(t)
+	c := StartClusterWith(t, 3, FastRaft(), func(cfg *shard.NodeConfig) {
+		if cfg.ID == "n3" {
+			none := uint32(0)
+			cfg.GossipFeatures = &none
+		}
+	})
+	cl := c.Client()
+	ctx := context.Background()
+	spec := counterSpec("half", 2)
+	spec.GradPrecision = client.GradBF16
+	_, err := cl.Tables().Create(ctx, spec)
+	if !errors.Is(err, client.ErrInvalidConfig) || !strings.Contains(err.Error(), "node n3") {
+		t.Fatalf("bf16 table with n3 on an older build: %v, want ErrInvalidConfig naming n3", err)
+	}
+	if _, err := cl.Tables().Describe(ctx, "half"); !errors.Is(err, client.ErrUnknownTable) {
+		t.Fatalf("the refused table exists: %v", err)
+	}
+	if _, err := cl.Tables().Create(ctx, counterSpec("full", 2)); err != nil {
+		t.Fatalf("fp32 table beside an older node: %v", err)
 	}
 }

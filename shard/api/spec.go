@@ -36,6 +36,19 @@ const (
 	GradBF16 = "bf16"
 )
 
+// Node features: what a node's build can do that an older one cannot,
+// gossiped as a bit set (membership.Local.Features), so that the metadata
+// leader turns a feature on only once every node has it.
+const (
+	// FeatureBF16Grads: the node decodes bfloat16 push entries. A bf16
+	// table is created only if every node of the map has it: an older
+	// replica would refuse those entries while newer ones apply them.
+	FeatureBF16Grads uint32 = 1 << 0
+
+	// NodeFeatures is everything this build has.
+	NodeFeatures = FeatureBF16Grads
+)
+
 // IsBF16 reports whether the table takes its gradients as bfloat16.
 func IsBF16(s *shardpb.TableSpec) bool { return s.GetGradPrecision() == GradBF16 }
 

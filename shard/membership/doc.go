@@ -6,7 +6,9 @@
 // Every node runs a hashicorp/memberlist on its gossip address (New) and
 // tracks each node's liveness (Alive, Suspect, Dead) from its events;
 // Members reports it, with what each node last gossiped about itself (its
-// client address, cluster map version and leader count, SetLocal). The node
+// client address, cluster map version and leader count, SetLocal, and the
+// features of its build, Local.Features, which older builds neither send nor
+// read). The node
 // (package shard) reports it in Status with per-node replica and leader
 // counts, and its scheduler acts on it: repairs, chain removals, hot-key
 // read replicas.

@@ -68,7 +68,11 @@ type Local struct {
 	// for a node ID ("" if none): a member gossiping under that name from
 	// another address is refused, so that no node gossips as another.
 	GossipAddrOf func(id string) string
-	Logger       hclog.Logger // nil: none
+	// Features is a bit set of what this node's build can do that an
+	// older one cannot (api.NodeFeatures), gossiped so that the cluster
+	// turns a feature on only once every node has it.
+	Features uint32
+	Logger   hclog.Logger // nil: none
 }
 
 // nodeMeta is what a node gossips about itself (memberlist NodeMeta).
@@ -79,6 +83,8 @@ type nodeMeta struct {
 	// leads, as of its last gossip update.
 	MapVersion uint64 `json:"v,omitempty"`
 	Leaders    uint32 `json:"l,omitempty"`
+	// Local.Features; an older build gossips none (and ignores the field).
+	Features uint32 `json:"f,omitempty"`
 }
 
 // Member is one node as this node's gossip view has it.
@@ -89,9 +95,11 @@ type Member struct {
 	// Since is when this node last saw the state change (for a node never
 	// heard from: when this node started gossiping).
 	Since time.Time
-	// What the node last gossiped: its map version and leader count.
+	// What the node last gossiped: its map version, leader count and
+	// features (Local.Features).
 	MapVersion uint64
 	Leaders    uint32
+	Features   uint32
 }
 
 // Membership runs a node's memberlist and tracks every node's liveness.
@@ -133,7 +141,7 @@ func New(cfg Config, local Local) (*Membership, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	self := nodeMeta{ID: local.ID, Addr: local.Addr}
+	self := nodeMeta{ID: local.ID, Addr: local.Addr, Features: local.Features}
 	addr, join := cfg.Addr, cfg.Join
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -297,7 +305,7 @@ func (m *Membership) event(n *memberlist.Node, state string) {
 	mi := Member{ID: n.Name, State: state, Since: time.Now()}
 	var meta nodeMeta
 	if err := json.Unmarshal(n.Meta, &meta); err == nil && meta.ID != "" {
-		mi.ID, mi.Addr, mi.MapVersion, mi.Leaders = meta.ID, meta.Addr, meta.MapVersion, meta.Leaders
+		mi.ID, mi.Addr, mi.MapVersion, mi.Leaders, mi.Features = meta.ID, meta.Addr, meta.MapVersion, meta.Leaders, meta.Features
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

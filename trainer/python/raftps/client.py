@@ -254,7 +254,8 @@ class Client:
             raise errors.NonFiniteError(f"raftps: push to table {table!r}: the gradients hold NaN or Inf", reason="NON_FINITE")
         sp = Split(keys, spec.shards)
         sums = np.ascontiguousarray(sp.sum_rows(g), dtype="<f4")
-        op = _PushOp(self, table, sp, sums)
+        bf16 = spec.grad_precision == "bf16"
+        op = _PushOp(self, table, sp, to_bf16(sums) if bf16 else sums, bf16)
         self._fan_out(table, op, False)
 
     def _fan_out(self, table, op, spread):
@@ -644,19 +645,30 @@ class _PullOp:
         pass
 
 
+def to_bf16(x):
+    """float32 values → their nearest bfloat16 (ties to even) as
+    little-endian uint16, the high half of each float32: what a push to a
+    table of grad_precision "bf16" carries. The same rounding as the Go
+    client's and the nodes' (store/bf16.go); x holds no NaN (push refuses
+    those first)."""
+    b = np.ascontiguousarray(x, dtype="<f4").view("<u4").astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype("<u2")
+
+
 class _PushOp:
     """One push's parts. Each shard's request, with its (client, seq), is
     built once: every attempt, batched or not, sends it, so a retry is
     applied at most once."""
 
-    def __init__(self, c, table, sp, sums):
+    def __init__(self, c, table, sp, sums, bf16=False):
         self.c, self.table, self.sp = c, table, sp
         self.reqs, self.sent = {}, {}
         for s in sp.shards():
             lo, hi = sp.range(s)
             self.reqs[s] = pb.PushRequest(table=table, shard=s, client_id=c.client_id,
                                           seq=c._next_seq(group_id(table, s)),
-                                          keys=sp.keys[lo:hi].tobytes(), grads=sums[lo:hi].tobytes())
+                                          keys=sp.keys[lo:hi].tobytes(), grads=sums[lo:hi].tobytes(),
+                                          grads_bf16=bf16)
             # sent[s]: an earlier attempt may have reached a leader's log;
             # only a NOT_LEADER or stale-map refusal proves it did not.
             self.sent[s] = False

@@ -76,8 +76,8 @@ class TableSpec:
     replication: str = ""
     hot_threshold: float = 0.0
     hot_replicas: int = 0
-    # "fp32" (the default) or "bf16": pushes to a bf16 table are rounded to
-    # bfloat16 by the node that takes them (rows stay float32).
+    # "fp32" (the default) or "bf16": pushes to a bf16 table go as bfloat16,
+    # half the bytes, rounded once by the client (rows stay float32).
     grad_precision: str = ""
 
     def to_pb(self):

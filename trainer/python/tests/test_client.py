@@ -40,18 +40,28 @@ def round_bf16(x):
     return b.astype(np.uint32).view(np.float32)
 
 
-def test_bf16_table_rounds_float32_pushes(client, table_name):
+def test_bf16_table(client, table_name, monkeypatch):
     spec = client.create_table(table_name, DIM, optimizer="sgd:lr=1", initializer="zeros", shards=4,
                                grad_precision="bf16")
     assert spec.grad_precision == "bf16"
     rng = np.random.default_rng(5)
     keys = np.unique(rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64))
     grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    import raftps.client as rc
+    encoded = []
+    real = rc.to_bf16
+    monkeypatch.setattr(rc, "to_bf16", lambda x: encoded.append(x.shape) or real(x))
     client.push(table_name, keys, -grads)
+    assert encoded == [grads.shape], "the push did not go as bfloat16"
     got = client.pull(table_name, keys)
     want = round_bf16(grads)
     assert not np.array_equal(want, grads)  # the rounding is visible
     np.testing.assert_array_equal(got, want)
+    # The client sends such a table bfloat16 (half the bytes), rounded as
+    # the nodes round a float32 push.
+    bits = real(grads)
+    assert bits.dtype == np.dtype("<u2") and bits.shape == grads.shape
+    np.testing.assert_array_equal((bits.astype(np.uint32) << 16).view(np.float32), want)
 
 
 @pytest.mark.parametrize("table_level", ["linearizable", "bounded:100ms", "eventual"])

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/raftps/raftps/replication/transportpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // A binary encoding of raft.AppendEntriesRequest, for the transport.
@@ -108,14 +111,10 @@ func (r *appendReader) uvarint(what string) uint64 {
 	return v
 }
 
+// varint reads what binary.AppendVarint wrote: a zig-zag uvarint.
 func (r *appendReader) varint(what string) int64 {
-	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.fail(what)
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
+	u := r.uvarint(what)
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 // bytes returns the next length-prefixed run, nil when empty, pointing
@@ -191,4 +190,48 @@ func decodeAppend(b []byte, out *raft.AppendEntriesRequest) error {
 		return fmt.Errorf("%w: %d bytes after the last entry", errBadAppend, len(r.b))
 	}
 	return nil
+}
+
+// Which peers read the encoding: learned from their answers.
+
+// appendFailed forgets that peer reads binary appends when one sent as
+// in was refused as undecodable (InvalidArgument: what an older build
+// answers to an RPC whose msgpack is empty), so a peer address now served
+// by an older build (a node rolled back) gets msgpack again until its
+// answers say otherwise. Other failures (a dead peer, a pipeline closed
+// because its leader stepped down) say nothing about the peer's build.
+func (m *Mux) appendFailed(peer raft.ServerAddress, in *transportpb.RPC, err error) {
+	if len(in.GetAppend()) > 0 && status.Code(err) == codes.InvalidArgument {
+		m.forgetTakesAppend(peer)
+	}
+}
+
+func (m *Mux) forgetTakesAppend(peer raft.ServerAddress) {
+	if v, ok := m.heard.Load(peer); ok {
+		v.(*peerHeard).takesAppend.Store(false)
+	}
+}
+
+// answered notes an answer from peer: it was heard from, and whether it
+// reads binary appends.
+func (m *Mux) answered(peer raft.ServerAddress, out *transportpb.RPC) {
+	if h := m.heardEntry(peer); h != nil && out.GetTakesAppend() && !h.takesAppend.Load() {
+		h.takesAppend.Store(true)
+	}
+}
+
+// appendRPC is the RPC that carries args to peer: binary if peer reads
+// it, else msgpack.
+func (m *Mux) appendRPC(group string, peer raft.ServerAddress, args *raft.AppendEntriesRequest) (*transportpb.RPC, error) {
+	if !m.cfg.MsgpackAppends {
+		if v, ok := m.heard.Load(peer); ok && v.(*peerHeard).takesAppend.Load() {
+			m.stats.BinaryAppends.Add(1)
+			return &transportpb.RPC{Group: group, Append: encodeAppend(nil, args)}, nil
+		}
+	}
+	payload, err := encode(args)
+	if err != nil {
+		return nil, err
+	}
+	return &transportpb.RPC{Group: group, Msgpack: payload}, nil
 }

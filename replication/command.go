@@ -39,9 +39,10 @@ type Push struct {
 	Seq    uint64
 	Keys   []uint64
 	Grads  []float32 // len(Keys) × dim
-	// BF16: log the gradients as bfloat16, half the bytes. Each must be a
-	// value bfloat16 holds (store.RoundBF16): the encoding drops the low
-	// 16 bits of each float32.
+	// BF16: log the gradients as bfloat16, half the bytes. Each should
+	// already be a value bfloat16 holds (rounded where the push came in,
+	// store.RoundBF16), so that what the leader validated is what every
+	// replica applies; the encoding rounds again, which changes nothing.
 	BF16 bool
 }
 
@@ -185,10 +186,7 @@ func (r *pushBatchReader) next() (*Push, error) {
 	p.BF16 = bf16
 	copy(KeysBytes(p.Keys), r.rest[pushHeader:pushHeader+n*8])
 	if bf16 {
-		// span checked the length, so this cannot fail.
-		if err := store.WidenBF16(p.Grads, r.rest[pushHeader+n*8:need]); err != nil {
-			return nil, fmt.Errorf("push batch: %w", err)
-		}
+		store.WidenBF16(p.Grads, r.rest[pushHeader+n*8:need]) // span checked the length
 	} else {
 		copy(ValuesBytes(p.Grads), r.rest[pushHeader+n*8:need])
 	}

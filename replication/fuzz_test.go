@@ -22,6 +22,7 @@ func FuzzApplyCommand(f *testing.F) {
 		f.Add(bc.cmd)
 	}
 	f.Add(encodePushBatch(1, []*Push{{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 2}}}))
+	f.Add(encodePushBatch(1, []*Push{{Client: 1, Seq: 1, Keys: []uint64{1}, Grads: []float32{1, 2}, BF16: true}}))
 	f.Add([]byte{cmdNoop})
 	// Two replicas for the whole run (a table is costly to create), fed
 	// the same inputs in the same order: they must stay identical.

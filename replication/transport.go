@@ -156,9 +156,8 @@ type MuxStats struct {
 	DormantAnswers atomic.Int64
 	DormantWakes   atomic.Int64
 	// BinaryAppends counts AppendEntries this node sent in the binary
-	// encoding; MsgpackAppends those it sent msgpack-encoded.
-	BinaryAppends  atomic.Int64
-	MsgpackAppends atomic.Int64
+	// encoding (appendcodec.go).
+	BinaryAppends atomic.Int64
 }
 
 // Stats returns the Mux's counters.
@@ -179,49 +178,6 @@ func (m *Mux) heardEntry(peer raft.ServerAddress) *peerHeard {
 	h := v.(*peerHeard)
 	h.note(now, int64(m.heardGap()))
 	return h
-}
-
-// appendFailed forgets that peer reads binary appends when one sent as
-// in was refused as undecodable (InvalidArgument: what an older build
-// answers to an RPC whose msgpack is empty), so a peer address now served
-// by an older build (a node rolled back) gets msgpack again until its
-// answers say otherwise. Other failures (a dead peer, a pipeline closed
-// because its leader stepped down) say nothing about the peer's build.
-func (m *Mux) appendFailed(peer raft.ServerAddress, in *transportpb.RPC, err error) {
-	if len(in.GetAppend()) > 0 && status.Code(err) == codes.InvalidArgument {
-		m.forgetTakesAppend(peer)
-	}
-}
-
-func (m *Mux) forgetTakesAppend(peer raft.ServerAddress) {
-	if v, ok := m.heard.Load(peer); ok {
-		v.(*peerHeard).takesAppend.Store(false)
-	}
-}
-
-// answered notes an answer from peer: it was heard from, and whether it
-// reads binary appends.
-func (m *Mux) answered(peer raft.ServerAddress, out *transportpb.RPC) {
-	if h := m.heardEntry(peer); h != nil && out.GetTakesAppend() && !h.takesAppend.Load() {
-		h.takesAppend.Store(true)
-	}
-}
-
-// appendRPC is the RPC that carries args to peer: binary if peer reads
-// it, else msgpack.
-func (m *Mux) appendRPC(group string, peer raft.ServerAddress, args *raft.AppendEntriesRequest) (*transportpb.RPC, error) {
-	if !m.cfg.MsgpackAppends {
-		if v, ok := m.heard.Load(peer); ok && v.(*peerHeard).takesAppend.Load() {
-			m.stats.BinaryAppends.Add(1)
-			return &transportpb.RPC{Group: group, Append: encodeAppend(nil, args)}, nil
-		}
-	}
-	payload, err := encode(args)
-	if err != nil {
-		return nil, err
-	}
-	m.stats.MsgpackAppends.Add(1)
-	return &transportpb.RPC{Group: group, Msgpack: payload}, nil
 }
 
 // heardGap is the longest silence that does not end a streak of hearing

@@ -51,15 +51,16 @@ func AppendBF16(dst []byte, v []float32) []byte {
 }
 
 // WidenBF16 writes into dst the float32 value of each little-endian
-// bfloat16 in src; len(src) must be 2 × len(dst).
-func WidenBF16(dst []float32, src []byte) error {
-	if len(src) != BF16Bytes*len(dst) {
-		return fmt.Errorf("%w: %d bytes of bfloat16 for %d values", ErrDimMismatch, len(src), len(dst))
+// bfloat16 in src. src must hold 2 × len(dst) bytes (its callers have
+// checked the message's length already); a shorter one panics.
+func WidenBF16(dst []float32, src []byte) {
+	if len(src) < BF16Bytes*len(dst) {
+		// Reslicing would look at capacity, not length: say it plainly.
+		panic(fmt.Sprintf("store.WidenBF16: %d bytes for %d values", len(src), len(dst)))
 	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
 	}
-	return nil
 }
 
 // RoundAllBF16 rounds every value of v to bfloat16 in place (RoundBF16).

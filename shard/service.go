@@ -385,15 +385,7 @@ func (s *service) CreateTable(ctx context.Context, req *shardpb.CreateTableReque
 	}
 	s.n.waitPeersRegistered(ctx)
 	if api.IsBF16(spec) {
-		// A node that has just started may not have gossiped its
-		// features yet: a short grace before refusing.
-		what := fmt.Sprintf("table %q: bf16 gradients", spec.Name)
-		err := s.n.everyNodeHas(api.FeatureBF16Grads, what)
-		for deadline := time.Now().Add(2 * time.Second); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
-			time.Sleep(100 * time.Millisecond)
-			err = s.n.everyNodeHas(api.FeatureBF16Grads, what)
-		}
-		if err != nil {
+		if err := s.n.waitEveryNodeHas(ctx, api.FeatureBF16Grads, fmt.Sprintf("table %q: bf16 gradients", spec.Name)); err != nil {
 			return nil, s.n.toStatus(err)
 		}
 	}

@@ -140,14 +140,7 @@ func FuzzDecodeAppend(f *testing.F) {
 // and the older one gets msgpack only.
 func TestBinaryAppendsBesideAnOlderNode(t *testing.T) {
 	nodes := []*testNode{startTestNode(t), startTestNode(t), startTestNodeWith(t, MuxConfig{MsgpackAppends: true})}
-	var peers []raft.Server
-	for _, n := range nodes {
-		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
-	}
-	var reps []*testReplica
-	for _, n := range nodes {
-		reps = append(reps, startReplica(t, n, "g/0", peers))
-	}
+	reps, peers := startGroup(t, nodes, "g/0")
 	var want uint64
 	next := uint64(1)
 	for round, target := range []int{0, 1, 2, 0} {

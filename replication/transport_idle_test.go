@@ -18,14 +18,7 @@ import (
 func idleTestGroup(t *testing.T, cfg MuxConfig, n int) ([]*testNode, []*testReplica, int) {
 	t.Helper()
 	nodes := []*testNode{startTestNodeWith(t, cfg), startTestNodeWith(t, cfg), startTestNodeWith(t, cfg)}
-	var peers []raft.Server
-	for _, nd := range nodes {
-		peers = append(peers, raft.Server{ID: raft.ServerID(nd.addr), Address: raft.ServerAddress(nd.addr)})
-	}
-	var reps []*testReplica
-	for _, nd := range nodes {
-		reps = append(reps, startReplica(t, nd, "idle/0", peers))
-	}
+	reps, _ := startGroup(t, nodes, "idle/0")
 	l := waitLeader(t, reps)
 	for v := range n {
 		if err := l.r.Apply(binary.LittleEndian.AppendUint64(nil, uint64(v+1)), 5*time.Second).Error(); err != nil {

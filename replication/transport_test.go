@@ -224,6 +224,21 @@ func startReplica(t *testing.T, n *testNode, group string, peers []raft.Server) 
 	return &testReplica{r: rep.Raft, fsm: f}
 }
 
+// startGroup starts group on every node, all of them voters, and returns
+// its replicas (by node) and the voters.
+func startGroup(t *testing.T, nodes []*testNode, group string) ([]*testReplica, []raft.Server) {
+	t.Helper()
+	var peers []raft.Server
+	for _, n := range nodes {
+		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
+	}
+	var reps []*testReplica
+	for _, n := range nodes {
+		reps = append(reps, startReplica(t, n, group, peers))
+	}
+	return reps, peers
+}
+
 func waitLeader(t *testing.T, reps []*testReplica) *testReplica {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -242,15 +257,9 @@ func waitLeader(t *testing.T, reps []*testReplica) *testReplica {
 // catch up by a snapshot streamed in chunks.
 func TestTransportTwoGroupsAndSnapshotInstall(t *testing.T) {
 	nodes := []*testNode{startTestNode(t), startTestNode(t), startTestNode(t)}
-	var peers []raft.Server
-	for _, n := range nodes {
-		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
-	}
 	groups := map[string][]*testReplica{}
 	for _, g := range []string{"a/0", "b/0"} {
-		for _, n := range nodes {
-			groups[g] = append(groups[g], startReplica(t, n, g, peers))
-		}
+		groups[g], _ = startGroup(t, nodes, g)
 	}
 	var want = map[string]uint64{}
 	var wg sync.WaitGroup

@@ -159,10 +159,15 @@ func (ix *index) find(s *slab, key, h uint64) (uint32, bool) {
 // locateGroup is find for up to groupSize keys at once: slots[i] gets keys[i]'s
 // slot or -1. A lookup costs two dependent cache misses (index entry, then the
 // row's key); done one key at a time they do not overlap. Done in passes over a
-// group (hash every key and load its first index entry; then probe and load
-// every row), the misses of different keys are independent loads the CPU
-// issues in parallel. The return value is only there so the loads are not
-// optimised away.
+// group, the misses of different keys are independent loads the CPU issues in
+// parallel: hash every key and load its first index entry; then take each
+// key's first fingerprint match as its row and load the row's cache lines,
+// with no branch on what they hold; then compare keys, in cache by now. The
+// return value is only there so the loads are not optimised away.
+//
+// The middle pass branching on the row's key (find) instead made lookups
+// 19 % slower (BenchmarkEngine, rows=1M and 10M, dim 64, six alternated runs:
+// docs/BENCHMARKS.md, "Row lookups without a branch on a miss").
 func (ix *index) locateGroup(s *slab, keys []uint64, slots []int64) uint64 {
 	var hs [groupSize]uint64
 	var sink uint64
@@ -174,16 +179,41 @@ func (ix *index) locateGroup(s *slab, keys []uint64, slots []int64) uint64 {
 			sink += e[uint32(h)&uint32(len(e)-1)]
 		}
 	}
-	for i, k := range keys {
-		slot, ok := ix.find(s, k, hs[i])
-		if !ok {
-			slots[i] = -1
+	// Second pass: the first entry whose fingerprint matches names a row
+	// (almost always the key's); load its cache lines without looking at
+	// them, so no branch waits for a miss and the loads of many keys overlap.
+	for i := range keys {
+		h := hs[i]
+		slots[i] = -1
+		e := ix.segs[h>>56].entries
+		if len(e) == 0 {
 			continue
 		}
-		slots[i] = int64(slot)
-		row := s.row(slot)
-		for w := 16; w < len(row); w += 16 { // the row's other cache lines
-			sink += uint64(math.Float32bits(row[w]))
+		mask := uint32(len(e) - 1)
+		fp := uint32(h)
+		for j := fp & mask; e[j] != 0; j = (j + 1) & mask {
+			if uint32(e[j]>>32) == fp {
+				slots[i] = int64(uint32(e[j]) - 1)
+				break
+			}
+		}
+		if slots[i] >= 0 {
+			row := s.row(uint32(slots[i]))
+			for w := 0; w < len(row); w += 16 {
+				sink += uint64(math.Float32bits(row[w]))
+			}
+		}
+	}
+	// Third pass: check each key against its row, now in cache; a
+	// fingerprint shared with another key falls back to a full probe.
+	for i, k := range keys {
+		if slots[i] >= 0 && keyOf(s.row(uint32(slots[i]))) == k {
+			continue
+		}
+		slot, ok := ix.find(s, k, hs[i])
+		slots[i] = -1
+		if ok {
+			slots[i] = int64(slot)
 		}
 	}
 	return sink

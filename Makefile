@@ -21,7 +21,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.1
 PROTOC_VERSION             := 3.21.12
 PROTOS := shard/shardpb/client.proto shard/shardpb/peer.proto shard/shardpb/meta.proto replication/transportpb/transport.proto replication/chain/chainpb/chain.proto
 
-.PHONY: protoc-installed help build build-faults test test-deps dashboard-screenshot test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-idle bench-collective bench-hedge bench-tls bench-metrics bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean python-deps proto-python proto-python-check test-python example-python bench-python image compose-up compose-down test-docker test-docker-if-engine soak crash
+.PHONY: protoc-installed help build build-faults test test-deps dashboard-screenshot test-unit test-race test-determinism verify fmt vet staticcheck tidy bench bench-stall bench-cluster bench-ab bench-idle bench-collective bench-hedge bench-tls bench-metrics bench-elastic bench-consistency bench-train fuzz demo proto proto-check clean python-deps proto-python proto-python-check test-python example-python bench-python image compose-up compose-down test-docker test-docker-if-engine soak crash
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -226,6 +226,20 @@ bench-cluster: build ## raftps bench on a local 3-node cluster (push, pull, mixe
 	  for w in pull mixed; do \
 		bin/raftps bench --table bench --load=false --workload $$w --keys 1000000 --batch 4096 --zipf 1.1 --clients 4 --duration $(BENCH_DURATION); \
 	  done; } 2>&1 | tee bin/bench-cluster.txt
+
+# The bench-cluster push and pull of bin/raftps beside an older build,
+# alternated run by run (test/bench-ab.sh): the A/B a performance claim
+# needs. AB_OLD is a git revision, built from `git archive` into
+# bin/raftps-AB_OLD; the default, b492129, is main before issue 23 and has
+# no TLS, hence AB_FLAGS=-i (every cluster --insecure).
+AB_OLD    ?= b492129
+AB_ROUNDS ?= 3
+AB_FLAGS  ?= -i
+bench-ab: build ## push and pull of bin/raftps beside an older build (AB_OLD, a git revision), alternated (~1.5 min a run)
+	@src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	git archive $(AB_OLD) | tar -x -C "$$src" && \
+	(cd "$$src" && CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/bin/raftps-$(AB_OLD) ./cmd/raftps)
+	test/bench-ab.sh -r $(AB_ROUNDS) $(AB_FLAGS) bin/raftps-$(AB_OLD) bin/raftps | tee bin/bench-ab.txt
 
 # What idle Raft groups cost: cores busy in the three servers of a fresh
 # local cluster holding TABLES×SHARDS idle tables (dim 16), for each layout,

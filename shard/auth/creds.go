@@ -15,7 +15,7 @@ import (
 // client presents src's certificate if it has one. For a token, add
 // grpc.WithPerRPCCredentials(BearerToken(tok)).
 func ClientCredentials(src *certs.Source) credentials.TransportCredentials {
-	return &dialCreds{src: src}
+	return Coalesced(&dialCreds{src: src})
 }
 
 // NodeCredentials are the transport credentials of a node dialing its
@@ -25,7 +25,7 @@ func ClientCredentials(src *certs.Source) credentials.TransportCredentials {
 // where it does not know (a --join address): any node of the CA is
 // accepted there.
 func NodeCredentials(src *certs.Source, nodeAt func(addr string) string) credentials.TransportCredentials {
-	return &dialCreds{src: src, nodeAt: nodeAt}
+	return Coalesced(&dialCreds{src: src, nodeAt: nodeAt})
 }
 
 // dialCreds make a TLS configuration per connection, since which host and

@@ -23,6 +23,9 @@
 //   - Dial credentials (creds.go): ClientCredentials for clients,
 //     NodeCredentials for nodes, which also check that the node answering
 //     at a peer address is the node the cluster map puts there.
+//   - Coalesced (coalesce.go): every TLS credential here (the gates' and
+//     the dial credentials) sends the records of one gRPC write to the
+//     socket in one write instead of one write a record.
 //
 // Certificates, their identities and the TLS configurations are package
 // shard/certs's; this package reads identities only from chains that TLS
@@ -34,5 +37,8 @@
 // A Gate is immutable once made and safe for concurrent use; its
 // interceptors run on the calls' goroutines and block on nothing but the
 // TokenStore, which must be safe for concurrent use. The checks of
-// principal.go read the context only.
+// principal.go read the context only. A coalesced connection takes one
+// write at a time through TLS (a mutex; gRPC has one writer per
+// connection anyway); writes TLS makes from its read side meet the held
+// records under the socket wrapper's mutex and go out after them.
 package auth

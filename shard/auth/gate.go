@@ -110,7 +110,7 @@ func newGate(cfg Config, tlsConfig func(*certs.Source) *tls.Config) (*Gate, erro
 	case cfg.Source == nil:
 		return nil, errors.New("no certificate source (and not insecure)")
 	default:
-		g.creds = credentials.NewTLS(tlsConfig(cfg.Source))
+		g.creds = Coalesced(credentials.NewTLS(tlsConfig(cfg.Source)))
 	}
 	return g, nil
 }

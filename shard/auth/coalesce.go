@@ -64,6 +64,19 @@ func (f *flushConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// Close sends TLS's close_notify, unless a write is in flight: it may be
+// stuck on a peer that stopped reading (a paused node), holding what it
+// flushes, and gRPC fails the connection's calls only once Close returns.
+// Then, as tls.Conn does when Close meets one of its own writes, the
+// socket is closed under it at once, which ends the stuck write too.
+func (f *flushConn) Close() error {
+	if !f.mu.TryLock() {
+		return f.raw.Conn.Close()
+	}
+	defer f.mu.Unlock()
+	return f.Conn.Close()
+}
+
 // batchConn is the socket under TLS. Writes while held go to a buffer;
 // releasing the hold writes the buffer at once. Writes TLS makes outside a
 // hold (the handshake, alerts and key updates from its read side) go out

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/raftps/raftps/shard/certs/certstest"
 	"google.golang.org/grpc/credentials"
@@ -177,5 +178,47 @@ func TestCoalescedWriteFails(t *testing.T) {
 	}
 	if _, err := client.Write([]byte("again")); err == nil {
 		t.Fatal("a later write succeeded")
+	}
+}
+
+// TestCoalescedCloseDuringStuckWrite: a write stuck because the peer stopped
+// reading (a paused node) holds the records it flushes; Close must not wait
+// for it (gRPC fails the connection's calls only once Close returns), and
+// the stuck write must end with an error.
+func TestCoalescedCloseDuringStuckWrite(t *testing.T) {
+	client, _, cRaw, _ := tlsPair(t, Coalesced) // the server never reads
+	msg := pattern(1<<20, 3)
+	wrote := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := client.Write(msg); err != nil {
+				wrote <- err
+				return
+			}
+		}
+	}()
+	// Wait until the socket's buffers are full and the writes stop.
+	for last := int64(-1); ; {
+		time.Sleep(200 * time.Millisecond)
+		n := cRaw.writes.Load()
+		if n == last {
+			break
+		}
+		last = n
+	}
+	start := time.Now()
+	if err := client.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close took %v behind a stuck write, want it at once", d)
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the stuck write succeeded")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the stuck write did not end after Close")
 	}
 }

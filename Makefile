@@ -233,9 +233,9 @@ bench-cluster: build ## raftps bench on a local 3-node cluster (push, pull, mixe
 # bin/raftps-AB_OLD; the default, b492129, is main before issue 23 and has
 # no TLS, hence AB_FLAGS=-i (every cluster --insecure).
 AB_OLD    ?= b492129
-AB_ROUNDS ?= 3
+AB_ROUNDS ?= 4
 AB_FLAGS  ?= -i
-bench-ab: build ## push and pull of bin/raftps beside an older build (AB_OLD, a git revision), alternated (~1.5 min a run)
+bench-ab: build ## push and pull of bin/raftps beside an older build (AB_OLD, a git revision), alternated in both orders (~12 min)
 	@src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 	git archive $(AB_OLD) | tar -x -C "$$src" && \
 	(cd "$$src" && CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/bin/raftps-$(AB_OLD) ./cmd/raftps)

@@ -8,7 +8,9 @@
 #   raftps bench --workload pull (the same keys, --load=false)
 #
 # and the cores the three servers used (utime+stime from /proc) during each.
-# It ends with each binary's totals and their ratio to the first binary's.
+# Rounds alternate the order (given, then reversed), so use an even number
+# of them. It ends with each binary's totals and their ratio to the first
+# binary's.
 #
 #   test/bench-ab.sh [-r ROUNDS] [-d DURATION] [-i] [-a SERVER_ARGS] BIN...
 #
@@ -17,7 +19,7 @@
 # (default 7601) is the first client port.
 set -euo pipefail
 
-rounds=3
+rounds=4
 dur=15s
 insecure=0
 server_args=""
@@ -65,8 +67,17 @@ rate() { sed -n 's/.*: \([0-9]*\) rows\/s .*p99 \([0-9.]* [mµ]*s\).*/\1 \2/p' |
 
 declare -A push_sum pull_sum
 printf '%-5s %-28s %12s %11s %6s %12s %11s %6s\n' round binary "push rows/s" "push p99" cores "pull rows/s" "pull p99" cores
+bins=("$@")
 for r in $(seq 1 "$rounds"); do
-	for b in "$@"; do
+	# Odd rounds run the binaries in the order given, even rounds in the
+	# reverse order: on this project's VM the build run second in a round
+	# did up to 10 % better whichever it was (docs/BENCHMARKS.md).
+	order=("${bins[@]}")
+	if ((r % 2 == 0)); then
+		order=()
+		for ((i = ${#bins[@]} - 1; i >= 0; i--)); do order+=("${bins[i]}"); done
+	fi
+	for b in "${order[@]}"; do
 		args=$server_args
 		if [ $insecure = 1 ] && "$b" server --help 2>&1 | grep -q -- -insecure; then
 			args="$args --insecure"

@@ -100,10 +100,17 @@ for r in $(seq 1 "$rounds"); do
 		# from after the load.
 		"$b" bench $common --workload push --duration 1s >/dev/null 2>&1
 		t0=$(ticks)
-		push=$("$b" bench $common --load=false --workload push 2>&1 | rate)
+		"$b" bench $common --load=false --workload push >"$dir/push.txt" 2>&1 || true
 		t1=$(ticks)
-		pull=$("$b" bench $common --load=false --workload pull 2>&1 | rate)
+		"$b" bench $common --load=false --workload pull >"$dir/pull.txt" 2>&1 || true
 		t2=$(ticks)
+		push=$(rate <"$dir/push.txt")
+		pull=$(rate <"$dir/pull.txt")
+		if [ -z "$push" ] || [ -z "$pull" ]; then
+			echo "$0: round $r, $b: a bench printed no summary:" >&2
+			tail -5 "$dir/push.txt" "$dir/pull.txt" >&2
+			exit 1
+		fi
 		"$b" cluster down --dir "$dir/c" >/dev/null
 		current=""
 		secs=${dur%s}

@@ -49,16 +49,8 @@ for b in "$@"; do
 	fi
 done
 
-# ticks prints the utime+stime of the cluster's servers, in clock ticks.
-ticks() {
-	local sum=0 pid
-	for pid in $(cat "$dir"/c/n*/pid); do
-		# Fields 14 and 15, counted after the command name's closing paren.
-		set -- $(sed 's/.*) //' "/proc/$pid/stat")
-		sum=$((sum + ${12} + ${13}))
-	done
-	echo $sum
-}
+# shellcheck source=test/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 
 div() { awk -v a="$1" -v b="$2" 'BEGIN { print (b > 0 ? a / b : 0) }'; }
 
@@ -99,11 +91,11 @@ for r in $(seq 1 "$rounds"); do
 		# The push's first run loads the keys; the servers' cores are counted
 		# from after the load.
 		"$b" bench $common --workload push --duration 1s >/dev/null 2>&1
-		t0=$(ticks)
+		t0=$(ticks "$dir/c")
 		"$b" bench $common --load=false --workload push >"$dir/push.txt" 2>&1 || true
-		t1=$(ticks)
+		t1=$(ticks "$dir/c")
 		"$b" bench $common --load=false --workload pull >"$dir/pull.txt" 2>&1 || true
-		t2=$(ticks)
+		t2=$(ticks "$dir/c")
 		push=$(rate <"$dir/push.txt")
 		pull=$(rate <"$dir/pull.txt")
 		if [ -z "$push" ] || [ -z "$pull" ]; then

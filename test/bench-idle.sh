@@ -33,16 +33,8 @@ hz=$(getconf CLK_TCK)
 current=""
 trap '[ -n "$current" ] && "$current" cluster down --dir "$dir/c" >/dev/null 2>&1; rm -rf "$dir"' EXIT
 
-# ticks prints the utime+stime of the cluster's servers, in clock ticks.
-ticks() {
-	local sum=0 pid
-	for pid in $(cat "$dir"/c/n*/pid); do
-		# Fields 14 and 15, counted after the command name's closing paren.
-		set -- $(sed 's/^.*) //' /proc/"$pid"/stat)
-		sum=$((sum + ${12} + ${13}))
-	done
-	echo $sum
-}
+# shellcheck source=test/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 
 now() { date +%s.%N; }
 
@@ -73,9 +65,9 @@ for r in $(seq "$rounds"); do
 				continue
 			fi
 			sleep "$settle"
-			a=$(ticks)
+			a=$(ticks "$dir/c")
 			sleep "$measure"
-			b=$(ticks)
+			b=$(ticks "$dir/c")
 			cores=$(echo "scale=3; ($b - $a) / $hz / $measure" | bc)
 			t0=$(now)
 			"$bin" cluster restart n2 --dir "$dir/c" >/dev/null 2>&1

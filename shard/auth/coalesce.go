@@ -56,9 +56,9 @@ type flushConn struct {
 func (f *flushConn) Write(p []byte) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.raw.hold(true)
+	f.raw.hold()
 	n, err := f.Conn.Write(p)
-	if ferr := f.raw.hold(false); err == nil && ferr != nil {
+	if ferr := f.raw.release(); err == nil && ferr != nil {
 		n, err = 0, ferr
 	}
 	return n, err
@@ -92,13 +92,17 @@ type batchConn struct {
 // maxHeld bounds the buffer a connection keeps between writes.
 const maxHeld = 1 << 20
 
-func (b *batchConn) hold(on bool) error {
+func (b *batchConn) hold() {
+	b.mu.Lock()
+	b.holding = true
+	b.mu.Unlock()
+}
+
+// release ends the hold and writes what it held.
+func (b *batchConn) release() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.holding = on
-	if on {
-		return b.failed
-	}
+	b.holding = false
 	return b.flushLocked()
 }
 

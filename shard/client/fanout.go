@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,27 +16,74 @@ import (
 
 // split groups the distinct keys of a batch by shard.
 type split struct {
-	keys [][]uint64 // per shard, distinct
+	keys [][]uint64 // per shard, distinct, in order of first appearance
 	pos  [][]int    // per shard: for each distinct key, its first batch position
 	of   []int      // per batch position: index of its key within its shard's keys
 	sh   []uint32   // per batch position: its shard
 }
 
+// splitScratch is splitKeys' hash table of first positions, kept between
+// calls: a map of a batch's keys was a sixth of a pulling client's CPU
+// (its buckets allocated and hashed anew for every call).
+var splitScratch = sync.Pool{New: func() any { return new([]int32) }}
+
 func splitKeys(keys []uint64, shards uint32) *split {
-	sp := &split{keys: make([][]uint64, shards), pos: make([][]int, shards), of: make([]int, len(keys)), sh: make([]uint32, len(keys))}
-	seen := make(map[uint64]int, len(keys))
+	n := len(keys)
+	sp := &split{keys: make([][]uint64, shards), pos: make([][]int, shards), of: make([]int, n), sh: make([]uint32, n)}
+	if n == 0 {
+		return sp
+	}
+	// Open addressing, at most half full. The slot comes from the hash's
+	// high bits: the shard is its low bits modulo shards, so one shard's
+	// keys would crowd together in a table indexed by those.
+	shift := 64 - bits.Len(uint(2*n-1))
+	tp := splitScratch.Get().(*[]int32)
+	defer splitScratch.Put(tp)
+	if size := 1 << (64 - shift); cap(*tp) < size {
+		*tp = make([]int32, size)
+	} else {
+		*tp = (*tp)[:size]
+	}
+	table, mask := *tp, uint64(len(*tp)-1)
+	defer clear(table)
+	counts := make([]int, shards)
+	first := make([]bool, n)
 	for i, k := range keys {
-		s := api.ShardOf(k, shards)
+		h := api.Mix64(k)
+		s := uint32(h % uint64(shards))
 		sp.sh[i] = s
-		if j, ok := seen[k]; ok {
-			sp.of[i] = j
-			continue
+		for slot := h >> shift; ; slot = (slot + 1) & mask {
+			e := table[slot]
+			if e == 0 {
+				table[slot] = int32(i + 1)
+				sp.of[i] = counts[s]
+				counts[s]++
+				first[i] = true
+				break
+			}
+			if keys[e-1] == k {
+				sp.of[i] = sp.of[e-1]
+				break
+			}
 		}
-		j := len(sp.keys[s])
-		seen[k] = j
-		sp.of[i] = j
-		sp.keys[s] = append(sp.keys[s], k)
-		sp.pos[s] = append(sp.pos[s], i)
+	}
+	distinct := 0
+	for _, c := range counts {
+		distinct += c
+	}
+	allKeys, allPos := make([]uint64, distinct), make([]int, distinct)
+	at := 0
+	for s, c := range counts {
+		if c > 0 {
+			sp.keys[s], sp.pos[s] = allKeys[at:at+c:at+c], allPos[at:at+c:at+c]
+			at += c
+		}
+	}
+	for i, k := range keys {
+		if first[i] {
+			s, j := sp.sh[i], sp.of[i]
+			sp.keys[s][j], sp.pos[s][j] = k, i
+		}
 	}
 	return sp
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/raftps/raftps/shard/api"
 	"github.com/raftps/raftps/shard/shardpb"
+	"google.golang.org/grpc"
 )
 
 // PullOption chooses the consistency of one pull.
@@ -104,6 +105,7 @@ func (c *Client) pull(ctx context.Context, table string, spec *shardpb.TableSpec
 	sp := splitKeys(keys, spec.Shards)
 	op := &pullOp{c: c, table: table, rowBytes: dim * 4, sp: sp, rows: make([][]byte, spec.Shards),
 		base: shardpb.PullRequest{Table: table, Consistency: o.level.proto(), StalenessBoundNs: int64(o.bound), AllowWeaker: o.allowWeaker}}
+	defer op.answers.release() // after the rows are copied out below
 	// A chain serves linearizable pulls at any member (CRAQ): spread them.
 	var parts []*part
 	if level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE && !api.IsChain(spec) && !spreadLinearizable {
@@ -135,10 +137,11 @@ type pullOp struct {
 	base     shardpb.PullRequest
 	reqs     map[*part]*shardpb.PullRequest // written before the fan-out, read only during it
 	// rows[s] holds shard s's rows in the order of sp.keys[s]: a whole-shard
-	// part's answer bytes as they came (no copy), or a buffer the parts of a
-	// split shard fill at their positions. Parts of one shard write
-	// disjoint rows.
-	rows [][]byte
+	// part's answer bytes as they came (no copy: they point into a message
+	// answers holds), or a buffer the parts of a split shard fill at their
+	// positions. Parts of one shard write disjoint rows.
+	rows    [][]byte
+	answers answers
 	// spread: the parts are not meant for a leader, so a refused part is
 	// retried at the shard's replicas from the start, not at the node that
 	// refused it.
@@ -283,26 +286,26 @@ func (o *pullOp) requestNow(p *part) *shardpb.PullRequest {
 }
 
 // place puts a part's answer where Pull reads it, if it is the part's
-// first.
-func (o *pullOp) place(p *part, addr string, values []byte) error {
+// first. It reports whether rows now point into values.
+func (o *pullOp) place(p *part, addr string, values []byte) (aliased bool, err error) {
 	n := len(o.sp.keys[p.shard])
 	if p.pos != nil {
 		n = len(p.pos)
 	}
 	if len(values) != n*o.rowBytes {
-		return fmt.Errorf("raftps client: %s answered %d bytes for %d keys of %d bytes each", addr, len(values), n, o.rowBytes)
+		return false, fmt.Errorf("raftps client: %s answered %d bytes for %d keys of %d bytes each", addr, len(values), n, o.rowBytes)
 	}
 	if !p.claim() {
-		return nil
+		return false, nil
 	}
 	if p.pos == nil {
 		o.rows[p.shard] = values
-		return nil
+		return true, nil
 	}
 	for i, j := range p.pos {
 		copy(o.rows[p.shard][j*o.rowBytes:(j+1)*o.rowBytes], values[i*o.rowBytes:(i+1)*o.rowBytes])
 	}
-	return nil
+	return false, nil
 }
 
 func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterServerClient, parts []*part) ([]partResult, error) {
@@ -310,7 +313,12 @@ func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterSer
 	for i, p := range parts {
 		req.Parts[i] = o.requestNow(p)
 	}
-	resp, err := st.PullBatch(ctx, req)
+	// The answer's values stay in the message the codec received until the
+	// pull has copied them out, unless no part was placed from it.
+	codec := new(pullAnswer)
+	placed := false
+	defer func() { o.answers.keep(codec.msg, placed) }()
+	resp, err := st.PullBatch(ctx, req, grpc.ForceCodecV2(codec))
 	if err != nil {
 		return nil, err
 	}
@@ -324,9 +332,11 @@ func (o *pullOp) batch(ctx context.Context, addr string, st shardpb.ParameterSer
 	res := make([]partResult, len(parts))
 	for i, p := range parts {
 		if res[i] = o.c.retryPart(resp.Errors[i], again); res[i].err == nil {
-			if err := o.place(p, addr, resp.Parts[i].Values); err != nil {
+			aliased, err := o.place(p, addr, resp.Parts[i].Values)
+			if err != nil {
 				res[i] = partResult{err: err, retry: true, hint: again}
 			}
+			placed = placed || aliased
 		}
 	}
 	return res, nil
@@ -338,7 +348,8 @@ func (o *pullOp) single(ctx context.Context, addr string, st shardpb.ParameterSe
 	if err != nil {
 		return err
 	}
-	return o.place(p, addr, resp.Values)
+	_, err = o.place(p, addr, resp.Values)
+	return err
 }
 
 func (o *pullOp) failed([]*part) {}

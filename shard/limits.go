@@ -119,7 +119,7 @@ func (l Limits) validate() error {
 // serverOptions are the gRPC server options of the client listener, or of
 // the peer listener if peer: receive and send limits, streams per
 // connection, and the admission codec with its interceptors, which come
-// first. Transport security and authentication come before them
+// first (on the client listener, within answerCodec). Transport security and authentication come before them
 // (listenerOptions, security.go).
 func (n *Node) serverOptions(peer bool) []grpc.ServerOption {
 	refuse := func(err error) error {
@@ -138,7 +138,7 @@ func (n *Node) serverOptions(peer bool) []grpc.ServerOption {
 		opts = append(opts, replication.ServerOptions()...)
 		return append(opts, grpc.MaxConcurrentStreams(l.PeerMaxStreams))
 	}
-	opts := admission.ServerOptions(admission.Codec{Limit: l.MaxBatchParts, What: "parts per batch (MaxBatchParts)"}, refuse)
+	opts := admission.ServerOptions(answerCodec{admission.Codec{Limit: l.MaxBatchParts, What: "parts per batch (MaxBatchParts)"}}, refuse)
 	opts = append(opts, grpcopt.Server()...)
 	return append(opts,
 		grpc.MaxRecvMsgSize(l.MaxMessageBytes+clientSlackBytes),

@@ -262,14 +262,16 @@ func (s *service) Pull(ctx context.Context, req *shardpb.PullRequest) (*shardpb.
 		s.n.served.refused(role, level)
 		return nil, s.n.toStatus(err)
 	}
-	out := make([]float32, len(keys)*int(spec.Dim))
+	// From the pool answerCodec returns it to once it is written; Lookup
+	// writes every value.
+	values := pullValues(len(keys) * int(spec.Dim) * 4)
 	checked := level == shardpb.Consistency_CONSISTENCY_LINEARIZABLE && testBreak != breakFollowerLinearizable
-	if err := g.Pull(ctx, keys, out, checked); err != nil {
+	if err := g.Pull(ctx, keys, api.FloatsOf(values), checked); err != nil {
 		return nil, s.n.toStatus(err)
 	}
 	s.n.served.served(role, level, len(keys))
 	s.n.countHot(spec, req.Shard, keys)
-	return &shardpb.PullResponse{Values: api.ValuesBytes(out), AppliedIndex: g.AppliedIndex(), ServedBy: roleNames[role]}, nil
+	return &shardpb.PullResponse{Values: values, AppliedIndex: g.AppliedIndex(), ServedBy: roleNames[role]}, nil
 }
 
 func (s *service) Push(ctx context.Context, req *shardpb.PushRequest) (*shardpb.PushResponse, error) {

@@ -58,6 +58,16 @@ func ValuesBytes(v []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*4)
 }
 
+// FloatsOf views b, whose length is a multiple of 4 and whose start is
+// 4-byte aligned (any Go allocation of 4 bytes or more is), as float32
+// values (no copy): ValuesBytes' inverse.
+func FloatsOf(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
 // DecodeKeys copies wire bytes into keys, growing it as needed.
 func DecodeKeys(b []byte, keys []uint64) ([]uint64, error) {
 	if len(b)%8 != 0 {

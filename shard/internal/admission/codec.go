@@ -177,8 +177,9 @@ func (s *checkedStream) RecvMsg(m any) error {
 
 // ServerOptions are the codec and its interceptors for a server: give
 // them before any other interceptor, so that none sees a refused
-// (empty) message.
-func ServerOptions(c Codec, convert func(error) error) []grpc.ServerOption {
+// (empty) message. c is a Codec, or a codec that embeds one and marshals
+// some messages its own way (its Unmarshal must be the Codec's).
+func ServerOptions(c encoding.CodecV2, convert func(error) error) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(c),
 		grpc.ChainUnaryInterceptor(Unary(convert)),

@@ -40,13 +40,19 @@ func newExpediteCluster(t *testing.T, names ...string) *expediteCluster {
 // newExpediteClusterWith is newExpediteCluster with tune applied to every
 // replica's config; its loop also ticks every replica (Group.Tick).
 func newExpediteClusterWith(t *testing.T, tune func(*RaftConfig), names ...string) *expediteCluster {
+	return newExpediteClusterMux(t, nil, tune, names...)
+}
+
+// newExpediteClusterMux is newExpediteClusterWith with tuneMux applied to
+// node i's MuxConfig.
+func newExpediteClusterMux(t *testing.T, tuneMux func(i int, cfg *MuxConfig), tune func(*RaftConfig), names ...string) *expediteCluster {
 	c := &expediteCluster{t: t, groups: map[string][]*Group{}, stopped: map[int]bool{}, deaf: map[int]string{}}
 	var peers []raft.Server
 	for i := range 3 {
 		// As a node's Authorize, which finds the caller in the gRPC
 		// context: an election this node starts for its own replica
 		// comes through no listener and must not be asked for one.
-		n := startTestNodeWith(t, MuxConfig{Authorize: func(ctx context.Context, _, id, _ string) error {
+		cfg := MuxConfig{Authorize: func(ctx context.Context, _, id, _ string) error {
 			if _, ok := peer.FromContext(ctx); !ok {
 				return status.Error(codes.Unauthenticated, "no caller")
 			}
@@ -57,7 +63,11 @@ func newExpediteClusterWith(t *testing.T, tune func(*RaftConfig), names ...strin
 				return status.Error(codes.Unavailable, "link cut by the test")
 			}
 			return nil
-		}})
+		}}
+		if tuneMux != nil {
+			tuneMux(i, &cfg)
+		}
+		n := startTestNodeWith(t, cfg)
 		c.nodes = append(c.nodes, n)
 		peers = append(peers, raft.Server{ID: raft.ServerID(n.addr), Address: raft.ServerAddress(n.addr)})
 	}

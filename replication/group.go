@@ -450,17 +450,20 @@ type verifyWaiter struct {
 }
 
 // confirmLeadership returns nil once a majority of the voters, this replica
-// included, answered a heartbeat of term that was sent after the call: each
-// such follower was still in term when it answered, after the read began, so
-// no leader of a later term can have been elected (it needs a majority, which
-// would include one of them) and acknowledged a write before the read began.
+// included, answered a heartbeat of term, or a term check with term, that
+// was sent after the call: each such follower was still in term when it
+// answered, after the read began, so no leader of a later term can have
+// been elected (it needs a majority, which would include one of them) and
+// acknowledged a write before the read began.
 //
 // hashicorp/raft's VerifyLeader is not used: it counts any answer that
 // arrives after it was called, including the answer to a heartbeat or append
 // sent before, and such an answer, delayed in the network, could vouch for a
-// leader deposed in the meantime. The heartbeats here are ordinary ones
-// (term and leader only), which followers already receive every few tens of
-// milliseconds; they travel through the transport's per-peer coalescer.
+// leader deposed in the meantime. A peer that answers term checks gets one
+// (transport_confirm.go), which it answers without raft; others, and one
+// still in an older term, get an ordinary heartbeat (term and leader
+// only), which followers already receive every few tens of milliseconds.
+// Both travel through the transport's per-peer coalescer.
 func (g *Group) confirmLeadership(term uint64) error {
 	self := g.cfg.NodeID
 	leaderAddr, leaderID := g.raft.LeaderWithID()
@@ -484,7 +487,8 @@ func (g *Group) confirmLeadership(term uint64) error {
 	}
 	tr := g.cfg.Transport
 	send := tr.AppendEntries
-	if mt, ok := tr.(*Transport); ok {
+	mt, _ := tr.(*Transport)
+	if mt != nil {
 		send = mt.heartbeatNow
 	}
 	req := &raft.AppendEntriesRequest{
@@ -497,6 +501,20 @@ func (g *Group) confirmLeadership(term uint64) error {
 	results := make(chan *raft.AppendEntriesResponse, len(peers))
 	for _, p := range peers {
 		go func() {
+			if mt != nil {
+				// A term check, which the peer answers without raft
+				// (transport_confirm.go), if it takes them and is in a
+				// term as new as this one; a heartbeat otherwise.
+				peerTerm, ok, err := mt.checkTerm(p.Address, self, req.Addr, term)
+				switch {
+				case ok && err != nil:
+					results <- nil
+					return
+				case ok && peerTerm >= term:
+					results <- &raft.AppendEntriesResponse{Term: peerTerm, Success: peerTerm == term}
+					return
+				}
+			}
 			var resp raft.AppendEntriesResponse
 			if err := send(p.ID, p.Address, req, &resp); err != nil {
 				results <- nil

@@ -297,6 +297,9 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 		return fail(err)
 	}
 	rep := &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}
+	if t, ok := cfg.Transport.(*Transport); ok {
+		t.raft.Store(r)
+	}
 	if t, ok := cfg.Transport.(*Transport); ok && cfg.QuietAfter > 0 {
 		rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter, dormantAfter: cfg.DormantAfter,
 			fast: cfg.HeartbeatTimeout, slow: cfg.QuietHeartbeatTimeout, election: cfg.ElectionTimeout, logger: cfg.Logger}

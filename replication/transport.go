@@ -100,7 +100,11 @@ type MuxConfig struct {
 	// encoding (appendcodec.go) nor tell peers it reads it, as a build
 	// before it did: for tests of a cluster of mixed builds.
 	MsgpackAppends bool
-	Logger         hclog.Logger
+	// NoConfirms makes this node neither answer the term checks of reads
+	// (transport_confirm.go) nor send them, as a build before them: for
+	// tests of a cluster of mixed builds.
+	NoConfirms bool
+	Logger     hclog.Logger
 }
 
 // Mux is one node's Raft transport: it serves the Raft RPCs of every group
@@ -158,6 +162,11 @@ type MuxStats struct {
 	// BinaryAppends counts AppendEntries this node sent in the binary
 	// encoding (appendcodec.go).
 	BinaryAppends atomic.Int64
+	// TermChecksSent counts the term checks of reads this node's groups
+	// sent, TermChecksAnswered those it answered (transport_confirm.go).
+	// Neither is among the heartbeats.
+	TermChecksSent     atomic.Int64
+	TermChecksAnswered atomic.Int64
 }
 
 // Stats returns the Mux's counters.
@@ -502,6 +511,9 @@ type Transport struct {
 	// mayDelay: the group's heartbeat timeout is long enough for its
 	// heartbeats to wait HeartbeatDelay (setHeartbeatTimeout).
 	mayDelay atomic.Bool
+	// raft is the replica's raft once it runs: the term checks of reads
+	// read its current term (transport_confirm.go).
+	raft atomic.Pointer[raft.Raft]
 }
 
 var (

@@ -117,6 +117,11 @@ type heartbeats struct {
 	mu    sync.Mutex
 	queue []*hbCall
 	busy  bool
+
+	// takesConfirm: the peer's last answer said it answers term checks
+	// (transport_confirm.go). Each answer sets it anew, so a peer that
+	// goes back to an older build is no longer sent them.
+	takesConfirm atomic.Bool
 }
 
 type hbCall struct {
@@ -127,6 +132,7 @@ type hbCall struct {
 type hbResult struct {
 	msgpack []byte
 	timing  uint64 // the follower's answer to the heartbeat's timing word
+	term    uint64 // the follower's answer to a term check
 	err     error
 }
 
@@ -208,10 +214,15 @@ func (h *heartbeats) send(batch []*hbCall) {
 		return
 	}
 	req := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, len(batch))}
+	checks := 0
 	for i, c := range batch {
 		req.Rpcs[i] = c.rpc
+		if c.rpc.ConfirmTerm != 0 {
+			checks++
+		}
 	}
-	h.m.stats.HeartbeatsSent.Add(int64(len(batch)))
+	h.m.stats.HeartbeatsSent.Add(int64(len(batch) - checks))
+	h.m.stats.TermChecksSent.Add(int64(checks))
 	h.m.stats.HeartbeatBatches.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), h.m.cfg.HeartbeatTimeout)
 	out, err := client.Heartbeats(ctx, req)
@@ -221,6 +232,7 @@ func (h *heartbeats) send(batch []*hbCall) {
 		return
 	}
 	h.m.heardFrom(h.target)
+	h.takesConfirm.Store(out.TakesConfirm && !h.m.cfg.NoConfirms)
 	if len(out.Rpcs) != len(batch) {
 		fail(fmt.Errorf("peer answered %d heartbeats for %d", len(out.Rpcs), len(batch)))
 		return
@@ -229,7 +241,7 @@ func (h *heartbeats) send(batch []*hbCall) {
 		if e := out.Rpcs[i].Error; e != "" {
 			c.done <- hbResult{err: errors.New(e)}
 		} else {
-			c.done <- hbResult{msgpack: out.Rpcs[i].Msgpack, timing: out.Rpcs[i].Timing}
+			c.done <- hbResult{msgpack: out.Rpcs[i].Msgpack, timing: out.Rpcs[i].Timing, term: out.Rpcs[i].ConfirmTerm}
 		}
 	}
 }
@@ -279,7 +291,13 @@ func (s *muxServer) Heartbeats(ctx context.Context, in *transportpb.HeartbeatBat
 		defer close(done)
 		ServeBounded(n, HeartbeatWorkers, func(i int) {
 			r := in.Rpcs[i]
-			resp, err := serveUnary[raft.AppendEntriesRequest](ctx, s.m, r, false)
+			var resp *transportpb.RPC
+			var err error
+			if r.ConfirmTerm != 0 && !s.m.cfg.NoConfirms {
+				resp, err = s.m.answerTermCheck(ctx, r)
+			} else {
+				resp, err = serveUnary[raft.AppendEntriesRequest](ctx, s.m, r, false)
+			}
 			if err != nil {
 				resp = &transportpb.RPC{Group: r.Group, Error: err.Error()}
 			}
@@ -295,7 +313,7 @@ func (s *muxServer) Heartbeats(ctx context.Context, in *transportpb.HeartbeatBat
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-	out := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, n)}
+	out := &transportpb.HeartbeatBatch{Rpcs: make([]*transportpb.RPC, n), TakesConfirm: !s.m.cfg.NoConfirms}
 	mu.Lock()
 	defer mu.Unlock()
 	for i, a := range answers {

@@ -44,7 +44,17 @@ type RPC struct {
 	// whose answers have takes_append set.
 	Append []byte `protobuf:"bytes,5,opt,name=append,proto3" json:"append,omitempty"`
 	// On an answer: this node reads append.
-	TakesAppend   bool `protobuf:"varint,6,opt,name=takes_append,json=takesAppend,proto3" json:"takes_append,omitempty"`
+	TakesAppend bool `protobuf:"varint,6,opt,name=takes_append,json=takesAppend,proto3" json:"takes_append,omitempty"`
+	// In a HeartbeatBatch: a read's leadership check
+	// (replication.Group.confirmLeadership), not a raft message. The receiver
+	// answers with its replica's current term in confirm_term and changes
+	// nothing; msgpack is empty both ways. Sent only to a node whose
+	// HeartbeatBatch answers set takes_confirm.
+	ConfirmTerm uint64 `protobuf:"varint,7,opt,name=confirm_term,json=confirmTerm,proto3" json:"confirm_term,omitempty"`
+	// A leadership check's sender: its raft server ID and address, as the
+	// header of its raft messages names them (authorized as those are).
+	ConfirmId     string `protobuf:"bytes,8,opt,name=confirm_id,json=confirmId,proto3" json:"confirm_id,omitempty"`
+	ConfirmAddr   string `protobuf:"bytes,9,opt,name=confirm_addr,json=confirmAddr,proto3" json:"confirm_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,9 +131,32 @@ func (x *RPC) GetTakesAppend() bool {
 	return false
 }
 
+func (x *RPC) GetConfirmTerm() uint64 {
+	if x != nil {
+		return x.ConfirmTerm
+	}
+	return 0
+}
+
+func (x *RPC) GetConfirmId() string {
+	if x != nil {
+		return x.ConfirmId
+	}
+	return ""
+}
+
+func (x *RPC) GetConfirmAddr() string {
+	if x != nil {
+		return x.ConfirmAddr
+	}
+	return ""
+}
+
 type HeartbeatBatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rpcs          []*RPC                 `protobuf:"bytes,1,rep,name=rpcs,proto3" json:"rpcs,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rpcs  []*RPC                 `protobuf:"bytes,1,rep,name=rpcs,proto3" json:"rpcs,omitempty"`
+	// On an answer: this node answers confirm_term.
+	TakesConfirm  bool `protobuf:"varint,2,opt,name=takes_confirm,json=takesConfirm,proto3" json:"takes_confirm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -163,6 +196,13 @@ func (x *HeartbeatBatch) GetRpcs() []*RPC {
 		return x.Rpcs
 	}
 	return nil
+}
+
+func (x *HeartbeatBatch) GetTakesConfirm() bool {
+	if x != nil {
+		return x.TakesConfirm
+	}
+	return false
 }
 
 type SnapshotChunk struct {
@@ -229,16 +269,21 @@ var File_transport_proto protoreflect.FileDescriptor
 
 const file_transport_proto_rawDesc = "" +
 	"\n" +
-	"\x0ftransport.proto\x12\x13raftps.transport.v1\"\x9e\x01\n" +
+	"\x0ftransport.proto\x12\x13raftps.transport.v1\"\x83\x02\n" +
 	"\x03RPC\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amsgpack\x18\x02 \x01(\fR\amsgpack\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
 	"\x06timing\x18\x04 \x01(\x04R\x06timing\x12\x16\n" +
 	"\x06append\x18\x05 \x01(\fR\x06append\x12!\n" +
-	"\ftakes_append\x18\x06 \x01(\bR\vtakesAppend\">\n" +
+	"\ftakes_append\x18\x06 \x01(\bR\vtakesAppend\x12!\n" +
+	"\fconfirm_term\x18\a \x01(\x04R\vconfirmTerm\x12\x1d\n" +
+	"\n" +
+	"confirm_id\x18\b \x01(\tR\tconfirmId\x12!\n" +
+	"\fconfirm_addr\x18\t \x01(\tR\vconfirmAddr\"c\n" +
 	"\x0eHeartbeatBatch\x12,\n" +
-	"\x04rpcs\x18\x01 \x03(\v2\x18.raftps.transport.v1.RPCR\x04rpcs\"S\n" +
+	"\x04rpcs\x18\x01 \x03(\v2\x18.raftps.transport.v1.RPCR\x04rpcs\x12#\n" +
+	"\rtakes_confirm\x18\x02 \x01(\bR\ftakesConfirm\"S\n" +
 	"\rSnapshotChunk\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\arequest\x18\x02 \x01(\fR\arequest\x12\x12\n" +

@@ -32,9 +32,13 @@ const (
 // connection or server exists.
 func Install() { experimental.SetDefaultBufferPool(pool) }
 
-// Server returns the buffer and window settings for a grpc.Server.
+// Server returns the buffer and window settings for a grpc.Server, and
+// the pool: a server takes grpc's own pool (which clears every buffer)
+// when the grpc package initialises, before Install can run, and reads
+// every frame of every request into it unless given this one.
 func Server() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		experimental.BufferPool(pool),
 		grpc.WriteBufferSize(bufferBytes), grpc.ReadBufferSize(bufferBytes),
 		grpc.InitialWindowSize(windowBytes), grpc.InitialConnWindowSize(4 * windowBytes),
 	}

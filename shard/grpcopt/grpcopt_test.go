@@ -1,6 +1,21 @@
 package grpcopt
 
-import "testing"
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+)
 
 func TestPoolSizes(t *testing.T) {
 	for _, n := range []int{0, 1, 255, 256, 257, 4096, 4097, 1 << 20, 1<<24 - 1, 1 << 24} {
@@ -37,5 +52,48 @@ func TestPoolReuses(t *testing.T) {
 	q := pool.Get(600)
 	if len(*q) != 600 || cap(*q) != 1024 {
 		t.Fatalf("Get(600): len %d cap %d", len(*q), cap(*q))
+	}
+}
+
+// countingPool counts the buffers taken from the pool it wraps.
+type countingPool struct {
+	mem.BufferPool
+	gets atomic.Int64
+}
+
+func (c *countingPool) Get(n int) *[]byte { c.gets.Add(1); return c.BufferPool.Get(n) }
+
+// TestServerReadsIntoThePool: a server given Server's options reads a
+// request's frames into this package's pool, not grpc's own (which a
+// server otherwise keeps from grpc's initialisation, whatever Install
+// sets later). The client here uses grpc's pool, so every Get counted is
+// the server's.
+func TestServerReadsIntoThePool(t *testing.T) {
+	counting := &countingPool{BufferPool: pool}
+	saved := pool
+	pool = counting
+	defer func() { pool = saved }()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(Server()...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// An unknown service: NotFound, after the server read the request.
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: strings.Repeat("x", 4096)})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("health check: %v, want NotFound", err)
+	}
+	if counting.gets.Load() == 0 {
+		t.Fatal("the server read the request without taking a buffer from the pool")
 	}
 }

@@ -298,12 +298,12 @@ func OpenRaft(cfg RaftConfig, fsm raft.FSM) (*RaftReplica, error) {
 	}
 	rep := &RaftReplica{Raft: r, cfg: cfg, logs: logs, snaps: snaps}
 	if t, ok := cfg.Transport.(*Transport); ok {
-		t.raft.Store(r)
-	}
-	if t, ok := cfg.Transport.(*Transport); ok && cfg.QuietAfter > 0 {
-		rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter, dormantAfter: cfg.DormantAfter,
-			fast: cfg.HeartbeatTimeout, slow: cfg.QuietHeartbeatTimeout, election: cfg.ElectionTimeout, logger: cfg.Logger}
-		t.quiet.Store(rep.quiet)
+		t.raft.Store(r) // for the term checks of reads
+		if cfg.QuietAfter > 0 {
+			rep.quiet = &quiescence{raft: r, transport: t, after: cfg.QuietAfter, dormantAfter: cfg.DormantAfter,
+				fast: cfg.HeartbeatTimeout, slow: cfg.QuietHeartbeatTimeout, election: cfg.ElectionTimeout, logger: cfg.Logger}
+			t.quiet.Store(rep.quiet)
+		}
 	}
 	if !existing && len(cfg.Peers) > 0 {
 		err := r.BootstrapCluster(raft.Configuration{Servers: cfg.Peers}).Error()

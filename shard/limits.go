@@ -119,8 +119,8 @@ func (l Limits) validate() error {
 // serverOptions are the gRPC server options of the client listener, or of
 // the peer listener if peer: receive and send limits, streams per
 // connection, and the admission codec with its interceptors, which come
-// first (on the client listener, within answerCodec). Transport security and authentication come before them
-// (listenerOptions, security.go).
+// first (on the client listener, within answerCodec). Transport security
+// and authentication come before them (listenerOptions, security.go).
 func (n *Node) serverOptions(peer bool) []grpc.ServerOption {
 	refuse := func(err error) error {
 		wire := api.ErrRequestTooLarge

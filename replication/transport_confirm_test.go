@@ -46,7 +46,20 @@ func TestReadsCheckTermsNotHeartbeats(t *testing.T) {
 	l, term := c.leader("r/0", 10*time.Second)
 	// Raft's periodic heartbeats teach the leader's node that its peers
 	// take term checks.
-	time.Sleep(300 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		learned := 0
+		for i, nd := range c.nodes {
+			if i != l && c.nodes[l].mux.heartbeatsTo(raft.ServerAddress(nd.addr)).takesConfirm.Load() {
+				learned++
+			}
+		}
+		if learned == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader's node learned that %d of 2 peers take term checks within 10s", learned)
+		}
+	}
 	// Each read needs one follower's answer (the other's may still be on
 	// its way when the read returns).
 	sent, answered, _ := readsConfirmed(t, c, "r/0", 20)

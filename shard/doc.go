@@ -139,6 +139,11 @@
 // metadata leader's broken-replica reports are under brokenReports.mu, the
 // node's own set-aside replicas under setAsideSet.mu.
 //
+// A pull answer's rows (answercodec.go) come from gRPC's buffer pool and
+// belong to the client listener's codec once the handler returns them:
+// gRPC returns them to the pool after writing them, so nothing may keep a
+// PullResponse's Values after returning it.
+//
 // Bad files and a full disk (setaside.go, disk.go, docs/RELIABILITY.md): a
 // replica whose files fail their checks at open is set aside (moved under
 // DataDir/set-aside), reported to the metadata leader, removed from its

@@ -43,5 +43,9 @@
 // atomics per shard. A pull or push runs its calls on goroutines it waits
 // for; the only goroutines that outlive a call are background refreshes of
 // a table's spec or hot sets, which end within seconds (bounded by their
-// own timeouts) and start no new ones once the client is closed.
+// own timeouts) and start no new ones once the client is closed. A pull's
+// answers stay in the messages gRPC received (pullcodec.go) until the pull
+// has copied its rows out; the pull's answers value, under its own mutex,
+// frees them then, and frees at once a message that arrives later (a
+// hedge's), so no received buffer outlives the pull that asked for it.
 package client

@@ -303,7 +303,8 @@ func (g *Group) complete(f raft.ApplyFuture, batch *Batch) {
 // (1) readyTerm shows this leader has applied an entry of its own term, so its
 // commit index is at least that of any earlier leader; (2) the commit index is
 // read before the leadership check; (3) the check (confirmLeadership: a
-// majority answers, in this term, heartbeats sent after the read began) shows
+// majority answers, in this term, heartbeats or term checks sent after the
+// read began) shows
 // that no leader of a later term was elected, so none acknowledged a write,
 // before the read began, and no write acknowledged before then can be above
 // that commit index;

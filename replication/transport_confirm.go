@@ -24,17 +24,19 @@ import (
 // acknowledged a write before the read began.
 //
 // A heartbeat costs the follower a msgpack decode, a pass through raft's
-// heartbeat handler and an encode of its answer: about a tenth of the
-// cluster's CPU under linearizable pulls, which check leadership for
-// every group of every PullBatch. A term check reads an atomic. It goes
+// heartbeat handler and an encode of its answer: about 5 % of the
+// machine under linearizable pulls (docs/BENCHMARKS.md), which check
+// leadership for every group of every PullBatch. A term check reads an atomic. It goes
 // through the same per-peer coalescer as the heartbeats, in the same
 // messages.
 //
 // A follower in an older term (one that has not heard from the new leader
-// yet) cannot answer for it: the leader sends that follower a heartbeat
-// instead, which raises its term, as before. Term checks go only to peers
-// whose HeartbeatBatch answers say they answer them (takes_confirm); an
-// older build gets heartbeats.
+// yet) cannot answer for it: the leader then sends that follower a
+// heartbeat, which raises its term, as before. Term checks go only to
+// peers whose HeartbeatBatch answers say they answer them (takes_confirm);
+// an older build gets heartbeats, and so does a peer whose answer to a
+// term check took takes_confirm back (a node rolled back to an older
+// build answers the check with an error).
 
 // checkTerm asks target for its replica's current term, in the peer's
 // next heartbeat message (sent at once). ok is false when target does not
@@ -54,6 +56,12 @@ func (t *Transport) checkTerm(target raft.ServerAddress, id raft.ServerID, addr 
 	if err != nil {
 		if cerr := t.isClosed(); cerr != nil {
 			return 0, true, cerr
+		}
+		if !h.takesConfirm.Load() {
+			// The answer that refused the check also said the peer
+			// takes none (send stores that before it answers the
+			// calls): it went back to an older build. A heartbeat.
+			return 0, false, nil
 		}
 		return 0, true, fmt.Errorf("raft group %q: term check at %s: %w", t.group, target, err)
 	}
@@ -81,6 +89,11 @@ func (m *Mux) answerTermCheck(ctx context.Context, in *transportpb.RPC) (*transp
 	r := t.raft.Load()
 	if r == nil {
 		return nil, status.Errorf(codes.Unavailable, "raft group %q: replica not running yet", in.Group)
+	}
+	if err := t.isClosed(); err != nil {
+		// Safe to answer even so (a closed replica votes no more, and
+		// its next incarnation has a transport of its own), but say so.
+		return nil, status.Errorf(codes.NotFound, "raft group %q closed on this node", in.Group)
 	}
 	m.heardFrom(raft.ServerAddress(in.ConfirmAddr))
 	m.stats.TermChecksAnswered.Add(1)

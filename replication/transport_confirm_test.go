@@ -91,7 +91,9 @@ func TestReadsCheckTermsNotHeartbeats(t *testing.T) {
 
 // TestReadsConfirmedByOlderBuilds: followers of a build that answers no
 // term checks (NoConfirms) get heartbeats for the leadership checks, and
-// reads are confirmed as before; so are a leader's of such a build.
+// reads are confirmed as before; so are a leader's of such a build. A leader
+// that still believes its followers take term checks after they went back
+// to an older build confirms its reads too.
 func TestReadsConfirmedByOlderBuilds(t *testing.T) {
 	for _, old := range []string{"followers", "all"} {
 		t.Run(old, func(t *testing.T) {
@@ -114,6 +116,28 @@ func TestReadsConfirmedByOlderBuilds(t *testing.T) {
 			}
 			if heartbeats < 20 {
 				t.Fatalf("20 reads confirmed with %d heartbeats", heartbeats)
+			}
+			if old != "followers" {
+				return
+			}
+			// A rollback: node 0 believes its peers take term checks
+			// (they did, before going back to an older build). Each read
+			// sends them one, which they refuse, and the refusal's answer
+			// takes takes_confirm back, so the read sends heartbeats and
+			// is confirmed all the same.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			before := c.nodes[0].mux.Stats().TermChecksSent.Load()
+			for i := range 10 {
+				for _, nd := range c.nodes[1:] {
+					c.nodes[0].mux.heartbeatsTo(raft.ServerAddress(nd.addr)).takesConfirm.Store(true)
+				}
+				if _, err := g[0].ReadIndex(ctx); err != nil {
+					t.Fatalf("read %d after the peers went back to an older build: %v", i, err)
+				}
+			}
+			if c.nodes[0].mux.Stats().TermChecksSent.Load() == before {
+				t.Fatal("no term check went to the rolled-back peers: the test did not test the rollback")
 			}
 		})
 	}

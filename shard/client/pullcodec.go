@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec
@@ -111,6 +112,10 @@ func decodePullPart(b []byte) (*shardpb.PullResponse, error) {
 		case num == 3 && typ == protowire.BytesType:
 			var s []byte
 			if s, n = protowire.ConsumeBytes(b); n >= 0 {
+				if !utf8.Valid(s) {
+					// A proto3 string, which proto.Unmarshal refuses so.
+					return nil, fmt.Errorf("%w: served_by is not UTF-8", errMalformedAnswer)
+				}
 				part.ServedBy = string(s)
 			}
 		default:

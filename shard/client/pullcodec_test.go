@@ -147,6 +147,15 @@ func TestPullAnswerCodec(t *testing.T) {
 	if err := new(pullAnswer).Unmarshal(mem.BufferSlice{mem.SliceBuffer([]byte{0x0a, 0x05})}, new(shardpb.PullBatchResponse)); !errors.Is(err, errMalformedAnswer) {
 		t.Fatalf("a truncated answer: %v, want errMalformedAnswer", err)
 	}
+	// served_by is a proto3 string: not UTF-8, refused as proto refuses it.
+	part := protowire.AppendString(protowire.AppendTag(nil, 3, protowire.BytesType), "\xff")
+	bad := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), part)
+	if proto.Unmarshal(bad, new(shardpb.PullBatchResponse)) == nil {
+		t.Fatal("proto.Unmarshal took a served_by that is not UTF-8; the test's premise is wrong")
+	}
+	if err := new(pullAnswer).Unmarshal(mem.BufferSlice{mem.SliceBuffer(bad)}, new(shardpb.PullBatchResponse)); !errors.Is(err, errMalformedAnswer) {
+		t.Fatalf("served_by not UTF-8: %v, want errMalformedAnswer", err)
+	}
 }
 
 // BenchmarkPullAnswer: a 1 MiB PullBatch answer (4 parts of 1024 rows of

@@ -232,7 +232,7 @@ func (h *heartbeats) send(batch []*hbCall) {
 		return
 	}
 	h.m.heardFrom(h.target)
-	h.takesConfirm.Store(out.TakesConfirm && !h.m.cfg.NoConfirms)
+	h.takesConfirm.Store(out.TakesConfirm)
 	if len(out.Rpcs) != len(batch) {
 		fail(fmt.Errorf("peer answered %d heartbeats for %d", len(out.Rpcs), len(batch)))
 		return

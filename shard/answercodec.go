@@ -62,7 +62,7 @@ func marshalPullBatch(resp *shardpb.PullBatchResponse, pool mem.BufferPool) (mem
 	)
 	for _, p := range resp.Parts {
 		meta = protowire.AppendTag(meta, 1, protowire.BytesType)
-		meta = protowire.AppendVarint(meta, uint64(pullAnswerSize(p)))
+		meta = protowire.AppendVarint(meta, uint64(proto.Size(p)))
 		meta, out, from = appendPullAnswer(meta, out, from, p, pool)
 	}
 	for _, e := range resp.Errors {
@@ -115,19 +115,4 @@ func flushMeta(out mem.BufferSlice, meta []byte, from int) mem.BufferSlice {
 		out = append(out, mem.SliceBuffer(meta[from:len(meta):len(meta)]))
 	}
 	return out
-}
-
-// pullAnswerSize is the wire size of p, as proto.Size computes it.
-func pullAnswerSize(p *shardpb.PullResponse) int {
-	n := 0
-	if len(p.Values) > 0 {
-		n += protowire.SizeTag(1) + protowire.SizeBytes(len(p.Values))
-	}
-	if p.AppliedIndex != 0 {
-		n += protowire.SizeTag(2) + protowire.SizeVarint(p.AppliedIndex)
-	}
-	if p.ServedBy != "" {
-		n += protowire.SizeTag(3) + protowire.SizeBytes(len(p.ServedBy))
-	}
-	return n
 }

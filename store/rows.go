@@ -210,9 +210,8 @@ func (ix *index) locateGroup(s *slab, keys []uint64, slots []int64) uint64 {
 		if slots[i] >= 0 && keyOf(s.row(uint32(slots[i]))) == k {
 			continue
 		}
-		slot, ok := ix.find(s, k, hs[i])
 		slots[i] = -1
-		if ok {
+		if slot, ok := ix.find(s, k, hs[i]); ok {
 			slots[i] = int64(slot)
 		}
 	}
